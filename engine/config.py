@@ -1,0 +1,115 @@
+"""The frozen configuration every library module receives.
+
+Defaults live here and only here; `engine/main.py` turns flags into a `Config`.
+"""
+import dataclasses
+from typing import Optional, Tuple
+
+from engine.errors import flag_error
+
+STRATEGIES = ("one_device", "mirrored", "multi_worker")
+CROSS_DEVICE_OPS = ("auto", "nccl", "ring", "hierarchical_copy",
+                    "reduce_to_one_device")
+OPTIMIZERS = ("adam", "sgd")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """Everything one training run needs; see README's flag table."""
+  # Strategy and devices.
+  strategy: str = "mirrored"
+  cross_device_ops: str = "auto"
+  devices: Tuple[str, ...] = ()
+  cpu_devices: int = 0
+  # Multi-worker cluster (only read when strategy == "multi_worker").
+  worker_hosts: Tuple[str, ...] = ()
+  task_index: int = -1
+  init_timeout: float = 180.0
+  collective_timeout: float = 60.0
+  bytes_per_pack: int = 0
+  # Model and data.
+  model: str = "mobilenet_v2"
+  dataset: str = "synthetic"
+  data_dir: Optional[str] = None
+  train_split: str = "train"
+  download: bool = True
+  image_size: int = 224
+  num_classes: int = 10  # synthetic data set only; tfds data sets say their own
+  synthetic_examples: int = 2048
+  shuffle_buffer: int = 1024
+  drop_remainder: bool = False
+  # Schedule and optimisation.
+  epochs: int = 5
+  train_steps: int = 0  # 0 = run `epochs` epochs
+  batch_size_per_replica: int = 64
+  optimizer: str = "adam"
+  learning_rate: float = 0.001
+  momentum: float = 0.0
+  # Host loop and output.
+  steps_per_loop: int = 10
+  log_every: int = 10
+  model_dir: str = "/tmp/tfengine"
+  seed: int = 42
+
+  def __post_init__(self):
+    self.validate()
+
+  def validate(self) -> None:
+    """Refuses values that cannot work, naming the flag and value.
+
+    Raises:
+      ConfigError: for the first bad value found.
+    """
+    _one_of("strategy", self.strategy, STRATEGIES)
+    _one_of("cross_device_ops", self.cross_device_ops, CROSS_DEVICE_OPS)
+    _one_of("optimizer", self.optimizer, OPTIMIZERS)
+    for name in ("image_size", "batch_size_per_replica", "steps_per_loop",
+                 "log_every", "num_classes", "synthetic_examples",
+                 "shuffle_buffer"):
+      _positive(name, getattr(self, name))
+    for name in ("epochs", "train_steps", "cpu_devices", "bytes_per_pack"):
+      _non_negative(name, getattr(self, name))
+    if self.epochs == 0 and self.train_steps == 0:
+      raise flag_error("epochs", 0, "must be positive when --train_steps=0; "
+                       "set one of them")
+    for name in ("learning_rate", "init_timeout", "collective_timeout"):
+      if not getattr(self, name) > 0:
+        raise flag_error(name, getattr(self, name), "must be positive.")
+    if not 0.0 <= self.momentum < 1.0:
+      raise flag_error("momentum", self.momentum, "must be in [0, 1).")
+    if self.num_classes < 2:
+      raise flag_error("num_classes", self.num_classes, "must be at least 2.")
+    if self.image_size < 32:
+      raise flag_error("image_size", self.image_size,
+                       "must be at least 32 (the models downsample 5 times).")
+    if len(set(self.devices)) != len(self.devices):
+      raise flag_error("devices", ",".join(self.devices),
+                       "lists a device twice.")
+    if self.devices and self.cpu_devices:
+      raise flag_error("cpu_devices", self.cpu_devices,
+                       "cannot be combined with --devices; the replicas are "
+                       "either the listed devices or the first N logical CPUs.")
+    if self.strategy == "one_device" and len(self.devices) > 1:
+      raise flag_error("devices", ",".join(self.devices),
+                       "--strategy=one_device takes one device; use "
+                       "--strategy=mirrored for several.")
+    if self.strategy == "multi_worker" and self.cross_device_ops in (
+        "hierarchical_copy", "reduce_to_one_device"):
+      raise flag_error("cross_device_ops", self.cross_device_ops,
+                       "is a MirroredStrategy option; multi_worker takes "
+                       "auto, ring or nccl.")
+
+
+def _one_of(flag, value, valid):
+  if value not in valid:
+    raise flag_error(flag, value, f"unknown; valid: {', '.join(valid)}.")
+
+
+def _positive(flag, value):
+  if not (isinstance(value, int) and value > 0):
+    raise flag_error(flag, value, "must be a positive integer.")
+
+
+def _non_negative(flag, value):
+  if not (isinstance(value, int) and value >= 0):
+    raise flag_error(flag, value, "must be a non-negative integer.")

@@ -1,0 +1,14 @@
+"""Errors the engine reports to users as one line, without a traceback."""
+
+
+class ConfigError(ValueError):
+  """A bad flag value or combination, found before or while setting up training.
+
+  The message names the flag and its value and says what to do instead; `main`
+  prints it as one line and exits non-zero.
+  """
+
+
+def flag_error(flag: str, value, problem: str) -> ConfigError:
+  """Builds a ConfigError whose message starts with `--flag=value:`."""
+  return ConfigError(f"--{flag}={value}: {problem}")

@@ -1,0 +1,114 @@
+"""Command line: `python -m engine.main --flag=value ...`.
+
+The only module that defines or reads flags. It validates them into a frozen
+`Config`, sets up the host before TensorFlow runs any op, and calls
+`engine.train.train`. Bad input ends with one line on stderr and exit code 2.
+"""
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+
+from engine import config as config_lib
+from engine.errors import ConfigError
+
+_D = config_lib.Config  # defaults live in the dataclass, not here
+_DEF = {f.name: f.default for f in __import__("dataclasses").fields(_D)}
+
+flags.DEFINE_enum("strategy", _DEF["strategy"], config_lib.STRATEGIES,
+                  "tf.distribute strategy.")
+flags.DEFINE_enum("cross_device_ops", _DEF["cross_device_ops"],
+                  config_lib.CROSS_DEVICE_OPS,
+                  "All-reduce implementation (see README for what each does).")
+flags.DEFINE_list("devices", list(_DEF["devices"]),
+                  "Replica devices, e.g. /gpu:0,/gpu:1 (default: all GPUs, "
+                  "else the CPU).")
+flags.DEFINE_integer("cpu_devices", _DEF["cpu_devices"],
+                     "Split the host CPU into N logical devices and use them "
+                     "as replicas (machines with no GPU).")
+flags.DEFINE_list("worker_hosts", list(_DEF["worker_hosts"]),
+                  "multi_worker: host:port of every worker, in task order.")
+flags.DEFINE_integer("task_index", _DEF["task_index"],
+                     "multi_worker: this worker's index in --worker_hosts.")
+flags.DEFINE_float("init_timeout", _DEF["init_timeout"],
+                   "multi_worker: seconds to wait for all workers to join.")
+flags.DEFINE_float("collective_timeout", _DEF["collective_timeout"],
+                   "Seconds after which a stuck all-reduce fails.")
+flags.DEFINE_integer("bytes_per_pack", _DEF["bytes_per_pack"],
+                     "Pack gradients into all-reduces of about this many "
+                     "bytes (0: TensorFlow's choice).")
+flags.DEFINE_string("model", _DEF["model"], "mobilenet_v2 or small_cnn.")
+flags.DEFINE_string("dataset", _DEF["dataset"],
+                    "synthetic, or any TensorFlow Datasets name "
+                    "(cats_vs_dogs, tf_flowers, ...).")
+flags.DEFINE_string("data_dir", _DEF["data_dir"], "TensorFlow Datasets dir.")
+flags.DEFINE_string("train_split", _DEF["train_split"],
+                    "tfds split expression for training, e.g. train[:80%].")
+flags.DEFINE_boolean("download", _DEF["download"],
+                     "Let tfds download and prepare a missing data set.")
+flags.DEFINE_integer("image_size", _DEF["image_size"], "Image side, pixels.")
+flags.DEFINE_integer("num_classes", _DEF["num_classes"],
+                     "Classes of the synthetic data set.")
+flags.DEFINE_integer("synthetic_examples", _DEF["synthetic_examples"],
+                     "Examples in one epoch of the synthetic data set.")
+flags.DEFINE_integer("shuffle_buffer", _DEF["shuffle_buffer"],
+                     "tfds shuffle buffer (the seed uses 1024).")
+flags.DEFINE_boolean("drop_remainder", _DEF["drop_remainder"],
+                     "Drop each epoch's partial last batch.")
+flags.DEFINE_integer("epochs", _DEF["epochs"], "Epochs to train.")
+flags.DEFINE_integer("train_steps", _DEF["train_steps"],
+                     "Steps to train; 0 = run --epochs epochs.")
+flags.DEFINE_integer("batch_size_per_replica", _DEF["batch_size_per_replica"],
+                     "Examples per replica per step.")
+flags.DEFINE_enum("optimizer", _DEF["optimizer"], config_lib.OPTIMIZERS,
+                  "Optimizer.")
+flags.DEFINE_float("learning_rate", _DEF["learning_rate"], "Learning rate.")
+flags.DEFINE_float("momentum", _DEF["momentum"], "SGD momentum.")
+flags.DEFINE_integer("steps_per_loop", _DEF["steps_per_loop"],
+                     "Steps per host call (one compiled tf.range loop).")
+flags.DEFINE_integer("log_every", _DEF["log_every"],
+                     "Log a progress line every N steps.")
+flags.DEFINE_string("model_dir", _DEF["model_dir"],
+                    "Where summary.json (and later checkpoints) go.")
+flags.DEFINE_integer("seed", _DEF["seed"], "Seed for weights and data order.")
+
+FLAGS = flags.FLAGS
+
+_TUPLE_FLAGS = ("devices", "worker_hosts")
+
+
+def config_from_flags() -> config_lib.Config:
+  values = {name: FLAGS[name].value for name in _DEF}
+  for name in _TUPLE_FLAGS:
+    values[name] = tuple(values[name] or ())
+  return config_lib.Config(**values)
+
+
+def main(argv):
+  if len(argv) > 1:
+    _fail(f"unexpected arguments {' '.join(argv[1:])}; flags look like "
+          "--name=value.")
+  try:
+    config = config_from_flags()
+    # Logical devices must exist before TensorFlow runs any op.
+    from engine import devices  # pylint: disable=g-import-not-at-top
+    devices.configure_host(config.cpu_devices)
+    from engine import train  # pylint: disable=g-import-not-at-top
+    train.train(config)
+  except ConfigError as e:
+    _fail(str(e))
+
+
+def _fail(message: str):
+  logging.flush()
+  print(f"error: {message}", file=sys.stderr)
+  sys.exit(2)
+
+
+def run():
+  app.run(main)
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,75 @@
+"""The train step and the compiled inner loop.
+
+This is the one place where `strategy.run` and `tf.function` are applied, and
+where gradients are all-reduced. The same code serves OneDevice, Mirrored and
+MultiWorkerMirrored strategies: with one replica the all-reduce is an identity.
+"""
+from typing import Callable
+
+import tensorflow as tf
+
+from engine.config import Config
+from engine.devices import communication_options
+
+_SUM = tf.distribute.ReduceOp.SUM
+
+
+def make_replica_step(model, optimizer, config: Config) -> Callable:
+  """Returns the per-replica step: forward, backward, one all-reduce, update.
+
+  The loss is the mean over the examples actually present in the global batch:
+  each replica differentiates the *sum* of its per-example losses, and the
+  summed gradient is divided by the global count of examples. That count is
+  all-reduced in the same call as the gradients, so a partial last batch, or a
+  replica that got no examples at all, gives exactly the single-device mean.
+  """
+  options = communication_options(config)
+  variables = model.trainable_variables
+
+  def replica_step(images, labels):
+    with tf.GradientTape() as tape:
+      logits = tf.cast(model(images, training=True), tf.float32)
+      per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(
+          labels=labels, logits=logits)
+      local_loss_sum = tf.reduce_sum(per_example)
+    grads = tape.gradient(local_loss_sum, variables)
+    local_count = tf.cast(tf.shape(labels)[0], tf.float32)
+    # The gradient all-reduce, exactly once per step: the optimizer from
+    # engine/optimizers.py applies what it is given and does not reduce again.
+    ctx = tf.distribute.get_replica_context()
+    grads, global_count = ctx.all_reduce(_SUM, (grads, local_count),
+                                         options=options)
+    scale = 1.0 / tf.maximum(global_count, 1.0)
+    optimizer.apply([g * scale for g in grads], variables)
+    correct = tf.reduce_sum(tf.cast(
+        tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), labels),
+        tf.float32))
+    return tf.stack([local_loss_sum, correct, local_count])
+
+  return replica_step
+
+
+def make_train_loop(strategy: tf.distribute.Strategy,
+                    replica_step: Callable) -> Callable:
+  """Compiles `num_steps` steps into one host call.
+
+  Returns:
+    train_loop(iterator, num_steps) -> float32 [num_steps, 3] holding, per step,
+    the global (loss, accuracy, examples). `num_steps` is a tensor and the loop
+    is a `tf.range`, so any step count reuses one trace.
+  """
+  @tf.function
+  def train_loop(iterator, num_steps):
+    history = tf.TensorArray(tf.float32, size=num_steps)
+    for i in tf.range(num_steps):
+      images, labels = next(iterator)
+      per_replica = strategy.run(replica_step, args=(images, labels))
+      # Loss and metric sums over all replicas; one tiny reduce per step.
+      loss_sum, correct, count = tf.unstack(
+          strategy.reduce(_SUM, per_replica, axis=None))
+      count = tf.maximum(count, 1.0)
+      history = history.write(i, tf.stack([loss_sum / count, correct / count,
+                                           count]))
+    return history.stack()
+
+  return train_loop

@@ -1,0 +1,148 @@
+"""The outer loop: set up, run the compiled inner loop, log, write summary.json."""
+import dataclasses
+import json
+import os
+import time
+from typing import List
+
+from absl import logging
+import keras
+import numpy as np
+import tensorflow as tf
+
+import data
+import models
+from engine import devices, step
+from engine.config import Config
+from engine.errors import flag_error
+from engine.optimizers import create_optimizer
+
+
+@dataclasses.dataclass
+class Result:
+  """What a run produced; `summary` is also written to summary.json."""
+  summary: dict
+  losses: np.ndarray         # global mean loss per step
+  accuracies: np.ndarray     # global accuracy per step
+  weights: List[np.ndarray]  # final trainable weights, replica 0
+
+
+def check_model_dir(path: str) -> None:
+  """Fails before training, not after it, if results could not be written."""
+  try:
+    os.makedirs(path, exist_ok=True)
+    probe = os.path.join(path, ".write_test")
+    with open(probe, "w") as f:
+      f.write("ok")
+    os.remove(probe)
+  except OSError as e:
+    raise flag_error("model_dir", path, f"cannot be written ({e.strerror}); "
+                     "pick a directory you can write.") from e
+
+
+def is_chief(strategy: tf.distribute.Strategy) -> bool:
+  resolver = getattr(strategy, "cluster_resolver", None)
+  if resolver is None or not resolver.cluster_spec().as_dict():
+    return True
+  return (resolver.task_type in ("chief", None) or
+          (resolver.task_type == "worker" and resolver.task_id == 0 and
+           "chief" not in resolver.cluster_spec().as_dict()))
+
+
+def train(config: Config) -> Result:
+  """Trains `config.model` on `config.dataset`; see README for the flags.
+
+  Raises:
+    ConfigError: for bad devices, data sets or output directories.
+  """
+  if config.model not in models.MODELS:
+    raise flag_error("model", config.model,
+                     f"unknown; valid: {', '.join(sorted(models.MODELS))}.")
+  strategy = devices.make_strategy(config)
+  chief = is_chief(strategy)
+  if chief:
+    check_model_dir(config.model_dir)
+  replicas = strategy.num_replicas_in_sync
+  workers = getattr(strategy.extended, "_num_workers", 1)
+  global_batch = config.batch_size_per_replica * replicas
+  dataset, info = data.build_train(config, global_batch)
+  total_steps = config.train_steps or config.epochs * info.steps_per_epoch
+  logging.info(
+      "Global batch %d on %d worker(s) = %d per worker = %d per replica "
+      "(%d replicas, %s, %s); %d examples, %d steps per epoch, %d steps.",
+      global_batch, workers, global_batch // workers,
+      config.batch_size_per_replica, replicas, config.strategy,
+      devices.describe(strategy), info.num_examples, info.steps_per_epoch,
+      total_steps)
+
+  keras.utils.set_random_seed(config.seed)
+  with strategy.scope():
+    model = models.create_model(config.model, info.num_classes,
+                                config.image_size)
+    optimizer = create_optimizer(config)
+    # Built here, in the scope and before the first tf.function call, so the
+    # slots are mirrored variables and not created inside the trace.
+    optimizer.build(model.trainable_variables)
+  iterator = iter(strategy.experimental_distribute_dataset(dataset))
+  train_loop = step.make_train_loop(
+      strategy, step.make_replica_step(model, optimizer, config))
+
+  history, steady_examples, steady_seconds = _run(
+      train_loop, iterator, total_steps, config)
+  losses, accuracies = history[:, 0], history[:, 1]
+  window = accuracies[-config.log_every:]
+  summary = {
+      "global_step": int(optimizer.iterations.numpy()),
+      "final_loss": float(losses[-1]),
+      "final_accuracy": float(np.mean(window)),
+      "first_loss": float(losses[0]),
+      "examples_per_sec": (steady_examples / steady_seconds
+                           if steady_seconds > 0 else None),
+      "num_replicas": replicas,
+      "num_workers": workers,
+      "global_batch_size": global_batch,
+      "strategy": config.strategy,
+      "cross_device_ops": config.cross_device_ops,
+      "cross_device_impl": devices.describe(strategy),
+      "model": config.model,
+      "dataset": info.name,
+      "num_classes": info.num_classes,
+      "class_names": list(info.class_names),
+      "image_size": config.image_size,
+  }
+  if chief:
+    with open(os.path.join(config.model_dir, "summary.json"), "w") as f:
+      json.dump(summary, f, indent=2)
+  logging.info("Done: %s", json.dumps(summary))
+  weights = [np.array(v.numpy()) for v in model.trainable_variables]
+  return Result(summary, losses, accuracies, weights)
+
+
+def _run(train_loop, iterator, total_steps: int, config: Config):
+  """Calls the compiled loop until `total_steps`, logging every `log_every`.
+
+  The first call runs a single step: it includes tracing, so it is left out of
+  the steady-state throughput. Later calls run `steps_per_loop` steps; the
+  per-step rows they return are logged afterwards.
+  """
+  rows, done = [], 0
+  steady_examples, steady_seconds = 0.0, 0.0
+  while done < total_steps:
+    n = 1 if done == 0 else min(config.steps_per_loop, total_steps - done)
+    start = time.perf_counter()
+    out = train_loop(iterator, tf.constant(n, tf.int32)).numpy()  # host sync
+    seconds = time.perf_counter() - start
+    if done > 0:
+      steady_examples += float(out[:, 2].sum())
+      steady_seconds += seconds
+    for k, (loss, accuracy, count) in enumerate(out):
+      step_number = done + k + 1
+      if not np.isfinite(loss):
+        raise FloatingPointError(f"loss is {loss} at step {step_number}")
+      if step_number % config.log_every == 0 or step_number == total_steps:
+        logging.info("step %d/%d | loss %.4f | accuracy %.4f | %.1f examples/s",
+                     step_number, total_steps, loss, accuracy,
+                     out[:, 2].sum() / seconds)
+    rows.append(out)
+    done += n
+  return np.concatenate(rows), steady_examples, steady_seconds

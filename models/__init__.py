@@ -1,0 +1,38 @@
+"""Model registry: name -> plain function(num_classes, image_size) -> keras.Model.
+
+Every model returns logits (no softmax), so the loss is computed stably in
+float32 by the train step.
+"""
+import keras
+
+
+def small_cnn(num_classes: int, image_size: int) -> keras.Model:
+  """A tiny conv net with no BatchNormalization and no dropout.
+
+  Its result does not depend on how a batch is split across replicas, which
+  makes it the model for parity tests.
+  """
+  layers = keras.layers
+  return keras.Sequential([
+      keras.Input((image_size, image_size, 3)),
+      layers.Conv2D(16, 3, strides=2, padding="same", activation="relu"),
+      layers.Conv2D(32, 3, strides=2, padding="same", activation="relu"),
+      layers.Conv2D(32, 3, strides=2, padding="same", activation="relu"),
+      layers.GlobalAveragePooling2D(),
+      layers.Dense(num_classes),
+  ], name="small_cnn")
+
+
+def mobilenet_v2(num_classes: int, image_size: int) -> keras.Model:
+  """The seed's model: keras.applications.MobileNetV2, randomly initialised."""
+  return keras.applications.MobileNetV2(
+      input_shape=(image_size, image_size, 3), weights=None,
+      classes=num_classes, classifier_activation=None)
+
+
+MODELS = {"small_cnn": small_cnn, "mobilenet_v2": mobilenet_v2}
+
+
+def create_model(name: str, num_classes: int, image_size: int) -> keras.Model:
+  """Builds a registered model; the caller has checked `name` is in MODELS."""
+  return MODELS[name](num_classes, image_size)

@@ -1,0 +1,65 @@
+"""N replicas must give the weights of 1 replica on the same global batches.
+
+This is the proof that gradients are all-reduced exactly once: a second
+reduction would scale every update by the replica count.
+"""
+import numpy as np
+import pytest
+
+from conftest import tiny_config
+from engine import train
+
+GLOBAL_BATCH = 16
+STEPS = 4
+
+
+def run(optimizer, replicas, cross_device_ops="auto", strategy="mirrored",
+        **kw):
+  config = tiny_config(
+      strategy=strategy, optimizer=optimizer, cpu_devices=replicas,
+      cross_device_ops=cross_device_ops,
+      learning_rate=0.05 if optimizer == "sgd" else 0.005,
+      batch_size_per_replica=GLOBAL_BATCH // replicas, train_steps=STEPS,
+      model_dir=kw.pop("model_dir"), **kw)
+  return train.train(config)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+  return {opt: run(opt, 1, strategy="one_device",
+                   model_dir=str(tmp_path_factory.mktemp(opt)))
+          for opt in ("sgd", "adam")}
+
+
+def assert_same(result, ref, tol=1e-5):
+  # Summation order differs between replica counts, so float32 rounding does
+  # too; a double reduction would be off by 100%, not by 1e-5.
+  np.testing.assert_allclose(result.losses, ref.losses, rtol=tol, atol=tol)
+  for got, want in zip(result.weights, ref.weights):
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.parametrize("replicas,cross_device_ops", [
+    (1, "auto"), (2, "auto"), (2, "ring"), (2, "reduce_to_one_device"),
+    (2, "hierarchical_copy"), (4, "auto"), (4, "ring"),
+    (4, "reduce_to_one_device"), (4, "hierarchical_copy")])
+def test_replicas_match_one_device(reference, tmp_path, optimizer, replicas,
+                                   cross_device_ops):
+  result = run(optimizer, replicas, cross_device_ops, model_dir=str(tmp_path))
+  assert result.summary["num_replicas"] == replicas
+  assert result.summary["global_batch_size"] == GLOBAL_BATCH
+  assert_same(result, reference[optimizer])
+
+
+def test_a_double_reduction_would_be_caught(reference, tmp_path):
+  """Sanity check of the test itself: doubled gradients do not match."""
+  result = run("sgd", 1, strategy="one_device", model_dir=str(tmp_path))
+  ref = reference["sgd"]
+  assert_same(result, ref)
+  doubled = tiny_config(strategy="one_device", optimizer="sgd",
+                        learning_rate=0.1, batch_size_per_replica=GLOBAL_BATCH,
+                        train_steps=STEPS, model_dir=str(tmp_path))
+  other = train.train(doubled)
+  diff = max(np.abs(a - b).max() for a, b in zip(other.weights, ref.weights))
+  assert diff > 1e-4
