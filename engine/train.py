@@ -12,7 +12,7 @@ import tensorflow as tf
 
 import data
 import models
-from engine import devices, step
+from engine import devices, hooks, step
 from engine.config import Config
 from engine.errors import flag_error
 from engine.optimizers import create_optimizer
@@ -87,8 +87,9 @@ def train(config: Config) -> Result:
   train_loop = step.make_train_loop(
       strategy, step.make_replica_step(model, optimizer, config))
 
+  hook_list = [hooks.LogHook(config.log_every, total_steps)]
   history, steady_examples, steady_seconds = _run(
-      train_loop, iterator, total_steps, config)
+      train_loop, iterator, total_steps, config, hook_list)
   losses, accuracies = history[:, 0], history[:, 1]
   window = accuracies[-config.log_every:]
   summary = {
@@ -110,6 +111,8 @@ def train(config: Config) -> Result:
       "class_names": list(info.class_names),
       "image_size": config.image_size,
   }
+  for h in hook_list:
+    h.end(summary)
   if chief:
     with open(os.path.join(config.model_dir, "summary.json"), "w") as f:
       json.dump(summary, f, indent=2)
@@ -118,31 +121,31 @@ def train(config: Config) -> Result:
   return Result(summary, losses, accuracies, weights)
 
 
-def _run(train_loop, iterator, total_steps: int, config: Config):
-  """Calls the compiled loop until `total_steps`, logging every `log_every`.
+def _run(train_loop, iterator, total_steps: int, config: Config, hook_list):
+  """Calls the compiled loop until `total_steps`, handing each call to hooks.
 
   The first call runs a single step: it includes tracing, so it is left out of
-  the steady-state throughput. Later calls run `steps_per_loop` steps; the
-  per-step rows they return are logged afterwards.
+  the steady-state throughput. Later calls run `steps_per_loop` steps, ended
+  early where a hook needs control at an exact step.
   """
   rows, done = [], 0
   steady_examples, steady_seconds = 0.0, 0.0
   while done < total_steps:
-    n = 1 if done == 0 else min(config.steps_per_loop, total_steps - done)
+    stop = min([total_steps, done + config.steps_per_loop] +
+               [h.next_stop(done) for h in hook_list])
+    n = 1 if done == 0 else int(stop - done)
     start = time.perf_counter()
     out = train_loop(iterator, tf.constant(n, tf.int32)).numpy()  # host sync
     seconds = time.perf_counter() - start
     if done > 0:
       steady_examples += float(out[:, 2].sum())
       steady_seconds += seconds
-    for k, (loss, accuracy, count) in enumerate(out):
-      step_number = done + k + 1
-      if not np.isfinite(loss):
-        raise FloatingPointError(f"loss is {loss} at step {step_number}")
-      if step_number % config.log_every == 0 or step_number == total_steps:
-        logging.info("step %d/%d | loss %.4f | accuracy %.4f | %.1f examples/s",
-                     step_number, total_steps, loss, accuracy,
-                     out[:, 2].sum() / seconds)
-    rows.append(out)
+    bad = np.flatnonzero(~np.isfinite(out[:, 0]))
+    if bad.size:
+      raise FloatingPointError(
+          f"loss is {out[bad[0], 0]} at step {done + bad[0] + 1}")
     done += n
+    for h in hook_list:
+      h.after_loop(done, out, seconds)
+    rows.append(out)
   return np.concatenate(rows), steady_examples, steady_seconds
