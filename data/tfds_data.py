@@ -18,6 +18,26 @@ def _builder(config: Config):
     ) from e
 
 
+def _read(builder, config: Config) -> tf.data.Dataset:
+  try:
+    return builder.as_dataset(
+        split=config.train_split, as_supervised=True, shuffle_files=True,
+        read_config=tfds.ReadConfig(shuffle_seed=config.seed))
+  except (KeyError, ValueError, AssertionError) as e:
+    raise flag_error("train_split", config.train_split,
+                     f"is not a split of {config.dataset} "
+                     f"({type(e).__name__}: {str(e).splitlines()[0][:160]})."
+                     ) from e
+
+
+def _count(builder, config: Config) -> int:
+  """Examples in the split: from the reader if it knows, else from metadata."""
+  cardinality = int(_read(builder, config).cardinality())
+  if cardinality >= 0:
+    return cardinality
+  return builder.info.splits[config.train_split].num_examples
+
+
 def build(config: Config, global_batch: int, start_step: int = 0):
   builder = _builder(config)
   if not builder.is_prepared():
@@ -37,12 +57,7 @@ def build(config: Config, global_batch: int, start_step: int = 0):
     raise flag_error("dataset", config.dataset,
                      "has no 'image' and 'label' features; only image "
                      "classification data sets are supported.")
-  try:
-    num_examples = info.splits[config.train_split].num_examples
-  except (KeyError, ValueError) as e:
-    raise flag_error("train_split", config.train_split,
-                     f"is not a split of {config.dataset}; it has "
-                     f"{', '.join(info.splits.keys())}.") from e
+  num_examples = _count(builder, config)
   check_size(config.dataset, num_examples, global_batch)
   label = info.features["label"]
   size = config.image_size
@@ -54,9 +69,7 @@ def build(config: Config, global_batch: int, start_step: int = 0):
     image = tf.image.resize(image, [size, size]) / 255.0
     return image, tf.cast(label_value, tf.int32)
 
-  read_config = tfds.ReadConfig(shuffle_seed=config.seed)
-  ds = builder.as_dataset(split=config.train_split, as_supervised=True,
-                          shuffle_files=True, read_config=read_config)
+  ds = _read(builder, config)
   ds = ds.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
   ds = ds.shuffle(config.shuffle_buffer, seed=config.seed,
                   reshuffle_each_iteration=True)

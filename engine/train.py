@@ -25,6 +25,7 @@ class Result:
   losses: np.ndarray         # global mean loss per step
   accuracies: np.ndarray     # global accuracy per step
   weights: List[np.ndarray]  # final trainable weights, replica 0
+  traces: int                # times the compiled loop was traced (want 1)
 
 
 def check_model_dir(path: str) -> None:
@@ -49,8 +50,12 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
            "chief" not in resolver.cluster_spec().as_dict()))
 
 
-def train(config: Config) -> Result:
+def train(config: Config, extra_hooks=()) -> Result:
   """Trains `config.model` on `config.dataset`; see README for the flags.
+
+  Args:
+    config: the run's configuration.
+    extra_hooks: more `hooks.Hook`s, e.g. a benchmark's timer.
 
   Raises:
     ConfigError: for bad devices, data sets or output directories.
@@ -87,7 +92,7 @@ def train(config: Config) -> Result:
   train_loop = step.make_train_loop(
       strategy, step.make_replica_step(model, optimizer, config))
 
-  hook_list = [hooks.LogHook(config.log_every, total_steps)]
+  hook_list = [hooks.LogHook(config.log_every, total_steps), *extra_hooks]
   history, steady_examples, steady_seconds = _run(
       train_loop, iterator, total_steps, config, hook_list)
   losses, accuracies = history[:, 0], history[:, 1]
@@ -118,7 +123,8 @@ def train(config: Config) -> Result:
       json.dump(summary, f, indent=2)
   logging.info("Done: %s", json.dumps(summary))
   weights = [np.array(v.numpy()) for v in model.trainable_variables]
-  return Result(summary, losses, accuracies, weights)
+  return Result(summary, losses, accuracies, weights,
+                train_loop.experimental_get_tracing_count())
 
 
 def _run(train_loop, iterator, total_steps: int, config: Config, hook_list):

@@ -1,0 +1,181 @@
+"""Engine vs Keras `fit` vs a minimal hand-written loop, measured side by side.
+
+    python -m benchmarks.throughput [--steps=30 --warmup=5 --rounds=2]
+
+Each variant runs in its own process (logical devices are per process) on the
+same machine, model, data and strategy: MirroredStrategy on 2 logical CPU
+devices, MobileNetV2 at 64x64, 64 examples per replica, Adam. Rounds
+alternate the order of the variants; the best steady-state rate of each is
+kept. Prints a table and the two ratios the engine must reach (>= 1.10x fit,
+>= 0.98x the minimal loop).
+"""
+import json
+import subprocess
+import sys
+import time
+
+from absl import app
+from absl import flags
+
+flags.DEFINE_enum("variant", None, ["engine", "fit", "minimal"],
+                  "Internal: run one variant in this process.")
+flags.DEFINE_integer("steps", 30, "Timed steps per variant.")
+flags.DEFINE_integer("warmup", 5, "Untimed steps first.")
+flags.DEFINE_integer("rounds", 2, "Rounds, alternating the order.")
+flags.DEFINE_integer("image_size", 64, "Image side.")
+flags.DEFINE_integer("batch_size_per_replica", 64, "Per-replica batch.")
+flags.DEFINE_integer("cpu_devices", 2, "Logical CPU devices (replicas).")
+flags.DEFINE_string("model", "mobilenet_v2", "Model.")
+flags.DEFINE_integer("steps_per_loop", 10, "Engine steps per host call.")
+FLAGS = flags.FLAGS
+
+
+def _config():
+  from engine.config import Config  # pylint: disable=g-import-not-at-top
+  return Config(
+      model=FLAGS.model, image_size=FLAGS.image_size, strategy="mirrored",
+      cpu_devices=FLAGS.cpu_devices, optimizer="adam",
+      batch_size_per_replica=FLAGS.batch_size_per_replica,
+      train_steps=FLAGS.warmup + FLAGS.steps, steps_per_loop=FLAGS.steps_per_loop,
+      log_every=1000, synthetic_examples=4096,
+      model_dir="/tmp/tfengine_bench_throughput")
+
+
+def _common(config):
+  """Strategy, model, data: built the same way for the two baselines."""
+  import keras  # pylint: disable=g-import-not-at-top
+  import data  # pylint: disable=g-import-not-at-top
+  import models  # pylint: disable=g-import-not-at-top
+  from engine import devices  # pylint: disable=g-import-not-at-top
+  strategy = devices.make_strategy(config)
+  global_batch = config.batch_size_per_replica * strategy.num_replicas_in_sync
+  dataset, info = data.build_train(config, global_batch)
+  keras.utils.set_random_seed(config.seed)
+  with strategy.scope():
+    model = models.create_model(config.model, info.num_classes,
+                                config.image_size)
+    optimizer = keras.optimizers.Adam(config.learning_rate)
+  return strategy, model, optimizer, dataset, global_batch
+
+
+def run_engine(config):
+  """Timed like the baselines: all steps after the warm-up, end to end."""
+  from engine import hooks, train  # pylint: disable=g-import-not-at-top
+
+  class Timer(hooks.Hook):
+    def __init__(self):
+      self.start, self.examples = None, 0.0
+
+    def next_stop(self, step):
+      return FLAGS.warmup if step < FLAGS.warmup else super().next_stop(step)
+
+    def after_loop(self, step, rows, seconds):
+      if self.start is not None:
+        self.examples += float(rows[:, 2].sum())
+      if step == FLAGS.warmup:
+        self.start = time.perf_counter()
+
+  timer = Timer()
+  train.train(config, extra_hooks=[timer])
+  return timer.examples / (time.perf_counter() - timer.start)
+
+
+def run_fit(config):
+  import keras  # pylint: disable=g-import-not-at-top
+  strategy, model, optimizer, dataset, global_batch = _common(config)
+  with strategy.scope():
+    model.compile(optimizer=optimizer, metrics=["accuracy"],
+                  loss=keras.losses.SparseCategoricalCrossentropy(
+                      from_logits=True))
+  marks = {}
+
+  class Timer(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+      if batch + 1 == FLAGS.warmup:
+        marks["start"] = time.perf_counter()
+
+  model.fit(dataset, epochs=1, steps_per_epoch=FLAGS.warmup + FLAGS.steps,
+            callbacks=[Timer()], verbose=0)
+  return FLAGS.steps * global_batch / (time.perf_counter() - marks["start"])
+
+
+def run_minimal(config):
+  """The textbook custom loop: one tf.function call per step, Keras reduces."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  strategy, model, optimizer, dataset, global_batch = _common(config)
+  with strategy.scope():
+    optimizer.build(model.trainable_variables)
+
+  def replica_step(images, labels):
+    with tf.GradientTape() as tape:
+      logits = model(images, training=True)
+      loss = tf.nn.compute_average_loss(
+          tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits),
+          global_batch_size=global_batch)
+    grads = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply(grads, model.trainable_variables)  # sums across replicas
+    return loss
+
+  @tf.function
+  def train_step(iterator):
+    return strategy.reduce("SUM", strategy.run(replica_step,
+                                               args=next(iterator)), axis=None)
+
+  iterator = iter(strategy.experimental_distribute_dataset(dataset))
+  for _ in range(FLAGS.warmup):
+    train_step(iterator).numpy()
+  start = time.perf_counter()
+  for _ in range(FLAGS.steps):
+    loss = train_step(iterator)
+  loss.numpy()
+  return FLAGS.steps * global_batch / (time.perf_counter() - start)
+
+
+def child():
+  from engine import devices  # pylint: disable=g-import-not-at-top
+  devices.configure_host(FLAGS.cpu_devices)
+  run = {"engine": run_engine, "fit": run_fit, "minimal": run_minimal}
+  rate = run[FLAGS.variant](_config())
+  print("RESULT " + json.dumps({"variant": FLAGS.variant, "rate": rate}))
+
+
+def parent():
+  variants = ["engine", "fit", "minimal"]
+  best = {v: 0.0 for v in variants}
+  passthrough = [a for a in sys.argv[1:] if not a.startswith("--rounds")]
+  for r in range(FLAGS.rounds):
+    order = variants if r % 2 == 0 else variants[::-1]
+    for v in order:
+      proc = subprocess.run(
+          [sys.executable, "-m", "benchmarks.throughput", f"--variant={v}",
+           *passthrough], capture_output=True, text=True, timeout=1800,
+          check=False)
+      line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+      if proc.returncode or not line:
+        sys.exit(f"variant {v} failed:\n{proc.stderr[-3000:]}")
+      rate = json.loads(line[0][7:])["rate"]
+      print(f"round {r + 1}: {v:8s} {rate:8.1f} examples/s", flush=True)
+      best[v] = max(best[v], rate)
+  print(f"\n{FLAGS.model} {FLAGS.image_size}x{FLAGS.image_size}, "
+        f"MirroredStrategy on {FLAGS.cpu_devices} logical CPUs, "
+        f"{FLAGS.batch_size_per_replica} per replica, {FLAGS.steps} timed "
+        f"steps, best of {FLAGS.rounds}")
+  print("| variant | examples/s | engine / variant |")
+  print("|---|---|---|")
+  for v in variants:
+    print(f"| {v} | {best[v]:.1f} | {best['engine'] / best[v]:.3f} |")
+  print(f"engine/fit = {best['engine'] / best['fit']:.3f} (target >= 1.10); "
+        f"engine/minimal = {best['engine'] / best['minimal']:.3f} "
+        "(target >= 0.98)")
+
+
+def main(argv):
+  del argv
+  if FLAGS.variant:
+    child()
+  else:
+    parent()
+
+
+if __name__ == "__main__":
+  app.run(main)

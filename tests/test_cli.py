@@ -1,0 +1,90 @@
+"""`python -m engine.main` end to end, as users run it, in subprocesses."""
+import json
+import subprocess
+
+import pytest
+
+from conftest import ROOT, engine_cmd
+
+TINY = ["--model=small_cnn", "--image_size=32", "--synthetic_examples=128",
+        "--batch_size_per_replica=8", "--log_every=4", "--steps_per_loop=4"]
+
+
+def run_engine(*flags, timeout=240):
+  return subprocess.run(engine_cmd(*flags), cwd=ROOT, capture_output=True,
+                        text=True, timeout=timeout)
+
+
+def test_train_writes_summary_and_logs_progress(tmp_path):
+  proc = run_engine(*TINY, "--cpu_devices=2", "--epochs=2",
+                    f"--model_dir={tmp_path}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  summary = json.loads((tmp_path / "summary.json").read_text())
+  for key in ("global_step", "final_loss", "final_accuracy",
+              "examples_per_sec", "num_replicas", "strategy",
+              "cross_device_ops"):
+    assert key in summary
+  assert summary["global_step"] == 16  # 128 / (8 * 2) * 2 epochs
+  assert summary["num_replicas"] == 2
+  assert summary["strategy"] == "mirrored"
+  assert summary["cross_device_ops"] == "auto"
+  assert summary["examples_per_sec"] > 0
+  assert 0.0 <= summary["final_accuracy"] <= 1.0
+  progress = [l for l in proc.stderr.splitlines() if "| loss " in l]
+  assert [l.split("step ")[1].split(" ")[0] for l in progress] == [
+      "4/16", "8/16", "12/16", "16/16"]
+  assert "examples/s" in progress[-1]
+  assert "Global batch 16 on 1 worker(s)" in proc.stderr
+
+
+def test_flagfile_and_one_device(tmp_path):
+  flagfile = tmp_path / "job.flags"
+  flagfile.write_text("\n".join(TINY + ["--strategy=one_device",
+                                        "--train_steps=3",
+                                        f"--model_dir={tmp_path}"]))
+  proc = run_engine(f"--flagfile={flagfile}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  summary = json.loads((tmp_path / "summary.json").read_text())
+  assert summary["global_step"] == 3 and summary["num_replicas"] == 1
+  assert summary["strategy"] == "one_device"
+
+
+def test_helpfull_lists_the_contract_flags():
+  proc = run_engine("--helpfull", timeout=120)
+  assert proc.returncode == 1  # absl's help flags print and exit 1
+  assert "engine/main.py:" in proc.stdout
+  for flag in ("--strategy", "--cross_device_ops", "--devices", "--cpu_devices",
+               "--model", "--dataset", "--image_size", "--epochs",
+               "--train_steps", "--batch_size_per_replica", "--optimizer",
+               "--learning_rate", "--steps_per_loop", "--log_every",
+               "--model_dir", "--seed"):
+    assert flag in proc.stdout
+
+
+@pytest.mark.parametrize("flags,expected", [
+    (["--cross_device_ops=nccl", "--cpu_devices=2"],
+     "error: --cross_device_ops=nccl: NCCL needs GPUs"),
+    (["--devices=/gpu:3"], "error: --devices=/gpu:3: /gpu:3 does not exist"),
+    (["--model=resnet"],
+     "error: --model=resnet: unknown; valid: mobilenet_v2, small_cnn."),
+    (["--dataset=no_such_data_set_xyz"],
+     "error: --dataset=no_such_data_set_xyz: is neither 'synthetic' nor"),
+    (["--batch_size_per_replica=0"],
+     "error: --batch_size_per_replica=0: must be a positive integer."),
+    (["--image_size=-3"], "error: --image_size=-3: must be a positive"),
+    (["--steps_per_loop=0"], "error: --steps_per_loop=0: must be a positive"),
+    (["--learning_rate=-1"], "error: --learning_rate=-1.0: must be positive."),
+    (["--epochs=0", "--train_steps=0"], "error: --epochs=0: must be positive"),
+    (["--model_dir=/proc/no_such_dir"],
+     "error: --model_dir=/proc/no_such_dir: cannot be written"),
+    (["--strategy=bogus"], "flag --strategy=bogus: value should be one of"),
+])
+def test_bad_input_is_one_line_without_traceback(flags, expected):
+  proc = run_engine(*TINY, "--train_steps=1", *flags, timeout=120)
+  assert proc.returncode != 0
+  assert "Traceback" not in proc.stderr
+  errors = [l for l in proc.stderr.splitlines()
+            if l.startswith(("error:", "FATAL"))]
+  assert len(errors) == 1, proc.stderr[-2000:]
+  assert errors[0].startswith(expected) or expected in errors[0], errors[0]
+
