@@ -50,6 +50,10 @@ class Config:
   log_every: int = 10
   model_dir: str = "/tmp/tfengine"
   seed: int = 42
+  # Checkpoints (model_dir/checkpoints).
+  checkpoint_every: int = 0  # steps; 0 = only at the end
+  keep_checkpoints: int = 5
+  allow_resume_change: bool = False
 
   def __post_init__(self):
     self.validate()
@@ -65,9 +69,10 @@ class Config:
     _one_of("optimizer", self.optimizer, OPTIMIZERS)
     for name in ("image_size", "batch_size_per_replica", "steps_per_loop",
                  "log_every", "num_classes", "synthetic_examples",
-                 "shuffle_buffer"):
+                 "shuffle_buffer", "keep_checkpoints"):
       _positive(name, getattr(self, name))
-    for name in ("epochs", "train_steps", "cpu_devices", "bytes_per_pack"):
+    for name in ("epochs", "train_steps", "cpu_devices", "bytes_per_pack",
+                 "checkpoint_every"):
       _non_negative(name, getattr(self, name))
     if self.epochs == 0 and self.train_steps == 0:
       raise flag_error("epochs", 0, "must be positive when --train_steps=0; "

@@ -19,7 +19,7 @@ class Hook:
     return math.inf
 
   def after_loop(self, step: int, rows: np.ndarray, seconds: float) -> None:
-    """Called after each host call; `rows` are its steps' [loss, acc, count]."""
+    """Called after each host call; `rows`: its steps' [loss, acc, count, grad norm]."""
 
   def end(self, summary: dict) -> None:
     """Called once with the final summary, before summary.json is written."""
@@ -40,7 +40,7 @@ class LogHook(Hook):
   def after_loop(self, step, rows, seconds):
     first = step - len(rows) + 1
     rate = rows[:, 2].sum() / seconds if seconds > 0 else float("nan")
-    for k, (loss, accuracy, _) in enumerate(rows):
+    for k, (loss, accuracy, _, _) in enumerate(rows):
       s = first + k
       if s % self._every == 0 or s == self._total:
         logging.info("step %d/%d | loss %.4f | accuracy %.4f | %.1f examples/s",

@@ -72,6 +72,13 @@ flags.DEFINE_integer("log_every", _DEF["log_every"],
 flags.DEFINE_string("model_dir", _DEF["model_dir"],
                     "Where summary.json (and later checkpoints) go.")
 flags.DEFINE_integer("seed", _DEF["seed"], "Seed for weights and data order.")
+flags.DEFINE_integer("checkpoint_every", _DEF["checkpoint_every"],
+                     "Save a checkpoint every N steps (0: only at the end).")
+flags.DEFINE_integer("keep_checkpoints", _DEF["keep_checkpoints"],
+                     "Checkpoints to keep.")
+flags.DEFINE_boolean("allow_resume_change", _DEF["allow_resume_change"],
+                     "Resume even if the replica count or global batch "
+                     "differs from the checkpointed run.")
 
 FLAGS = flags.FLAGS
 
@@ -95,15 +102,25 @@ def main(argv):
     from engine import devices  # pylint: disable=g-import-not-at-top
     devices.configure_host(config.cpu_devices)
     from engine import train  # pylint: disable=g-import-not-at-top
-    train.train(config)
+    from engine import checkpoint  # pylint: disable=g-import-not-at-top
+    try:
+      train.train(config)
+    except checkpoint.Preempted as e:
+      logging.flush()
+      print(f"preempted: {e}", file=sys.stderr)
+      sys.exit(checkpoint.PREEMPTED_EXIT_CODE)
+    except FloatingPointError as e:
+      _fail(f"training diverged: {e}; the latest checkpoint in "
+            f"{config.model_dir}/checkpoints holds the last finite weights. "
+            "Lower --learning_rate.", code=3)
   except ConfigError as e:
     _fail(str(e))
 
 
-def _fail(message: str):
+def _fail(message: str, code: int = 2):
   logging.flush()
   print(f"error: {message}", file=sys.stderr)
-  sys.exit(2)
+  sys.exit(code)
 
 
 def run():

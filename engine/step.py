@@ -40,11 +40,15 @@ def make_replica_step(model, optimizer, config: Config) -> Callable:
     grads, global_count = ctx.all_reduce(_SUM, (grads, local_count),
                                          options=options)
     scale = 1.0 / tf.maximum(global_count, 1.0)
-    optimizer.apply([g * scale for g in grads], variables)
+    grads = [g * scale for g in grads]
+    optimizer.apply(grads, variables)
     correct = tf.reduce_sum(tf.cast(
         tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), labels),
         tf.float32))
-    return tf.stack([local_loss_sum, correct, local_count])
+    # Every replica holds the same reduced gradient, so its norm divided by
+    # the replica count sums back to the norm in the SUM reduce below.
+    norm_share = tf.linalg.global_norm(grads) / ctx.num_replicas_in_sync
+    return tf.stack([local_loss_sum, correct, local_count, norm_share])
 
   return replica_step
 
@@ -54,8 +58,8 @@ def make_train_loop(strategy: tf.distribute.Strategy,
   """Compiles `num_steps` steps into one host call.
 
   Returns:
-    train_loop(iterator, num_steps) -> float32 [num_steps, 3] holding, per step,
-    the global (loss, accuracy, examples). `num_steps` is a tensor and the loop
+    train_loop(iterator, num_steps) -> float32 [num_steps, 4] holding, per step,
+    the global (loss, accuracy, examples, gradient norm). `num_steps` is a tensor and the loop
     is a `tf.range`, so any step count reuses one trace.
   """
   @tf.function
@@ -65,11 +69,11 @@ def make_train_loop(strategy: tf.distribute.Strategy,
       images, labels = next(iterator)
       per_replica = strategy.run(replica_step, args=(images, labels))
       # Loss and metric sums over all replicas; one tiny reduce per step.
-      loss_sum, correct, count = tf.unstack(
+      loss_sum, correct, count, grad_norm = tf.unstack(
           strategy.reduce(_SUM, per_replica, axis=None))
-      count = tf.maximum(count, 1.0)
-      history = history.write(i, tf.stack([loss_sum / count, correct / count,
-                                           count]))
+      history = history.write(i, tf.stack([
+          loss_sum / tf.maximum(count, 1.0), correct / tf.maximum(count, 1.0),
+          count, grad_norm]))
     return history.stack()
 
   return train_loop

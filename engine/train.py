@@ -12,7 +12,7 @@ import tensorflow as tf
 
 import data
 import models
-from engine import devices, hooks, step
+from engine import checkpoint, devices, hooks, step
 from engine.config import Config
 from engine.errors import flag_error
 from engine.optimizers import create_optimizer
@@ -70,7 +70,7 @@ def train(config: Config, extra_hooks=()) -> Result:
   replicas = strategy.num_replicas_in_sync
   workers = getattr(strategy.extended, "_num_workers", 1)
   global_batch = config.batch_size_per_replica * replicas
-  dataset, info = data.build_train(config, global_batch)
+  _, info = data.build_train(config, global_batch)  # lazy: no data read yet
   total_steps = config.train_steps or config.epochs * info.steps_per_epoch
   logging.info(
       "Global batch %d on %d worker(s) = %d per worker = %d per replica "
@@ -88,20 +88,37 @@ def train(config: Config, extra_hooks=()) -> Result:
     # Built here, in the scope and before the first tf.function call, so the
     # slots are mirrored variables and not created inside the trace.
     optimizer.build(model.trainable_variables)
+  checkpointer = checkpoint.Checkpointer(
+      os.path.join(config.model_dir, "checkpoints"), model, optimizer, config)
+  identity = checkpoint.run_identity(config, info.num_classes, replicas,
+                                     global_batch)
+  start_step = checkpointer.restore(identity)
+  if chief:
+    checkpointer.write_identity(identity)
+  # The pipeline is a pure function of (seed, step): resuming is skipping.
+  dataset, _ = data.build_train(config, global_batch, start_step)
   iterator = iter(strategy.experimental_distribute_dataset(dataset))
   train_loop = step.make_train_loop(
       strategy, step.make_replica_step(model, optimizer, config))
 
-  hook_list = [hooks.LogHook(config.log_every, total_steps), *extra_hooks]
-  history, steady_examples, steady_seconds = _run(
-      train_loop, iterator, total_steps, config, hook_list)
+  ckpt_hook = checkpoint.CheckpointHook(checkpointer, config.checkpoint_every)
+  hook_list = [hooks.LogHook(config.log_every, total_steps), *extra_hooks,
+               ckpt_hook]
+  try:
+    history, steady_examples, steady_seconds = _run(
+        train_loop, iterator, start_step, total_steps, config, hook_list)
+  finally:
+    ckpt_hook.close()
   losses, accuracies = history[:, 0], history[:, 1]
   window = accuracies[-config.log_every:]
+  last = lambda a: float(a[-1]) if len(a) else None
   summary = {
       "global_step": int(optimizer.iterations.numpy()),
-      "final_loss": float(losses[-1]),
-      "final_accuracy": float(np.mean(window)),
-      "first_loss": float(losses[0]),
+      "start_step": start_step,
+      "final_loss": last(losses),
+      "final_accuracy": float(np.mean(window)) if len(window) else None,
+      "first_loss": float(losses[0]) if len(losses) else None,
+      "final_grad_norm": last(history[:, 3]),
       "examples_per_sec": (steady_examples / steady_seconds
                            if steady_seconds > 0 else None),
       "num_replicas": replicas,
@@ -127,29 +144,32 @@ def train(config: Config, extra_hooks=()) -> Result:
                 train_loop.experimental_get_tracing_count())
 
 
-def _run(train_loop, iterator, total_steps: int, config: Config, hook_list):
+def _run(train_loop, iterator, start_step: int, total_steps: int,
+         config: Config, hook_list):
   """Calls the compiled loop until `total_steps`, handing each call to hooks.
 
   The first call runs a single step: it includes tracing, so it is left out of
   the steady-state throughput. Later calls run `steps_per_loop` steps, ended
   early where a hook needs control at an exact step.
   """
-  rows, done = [], 0
+  rows, done = [np.zeros((0, 4), np.float32)], start_step
   steady_examples, steady_seconds = 0.0, 0.0
   while done < total_steps:
     stop = min([total_steps, done + config.steps_per_loop] +
                [h.next_stop(done) for h in hook_list])
-    n = 1 if done == 0 else int(stop - done)
+    n = 1 if done == start_step else int(stop - done)
     start = time.perf_counter()
     out = train_loop(iterator, tf.constant(n, tf.int32)).numpy()  # host sync
     seconds = time.perf_counter() - start
-    if done > 0:
+    if done > start_step:
       steady_examples += float(out[:, 2].sum())
       steady_seconds += seconds
-    bad = np.flatnonzero(~np.isfinite(out[:, 0]))
+    # NaN guard: raised before any hook, so no non-finite weights are saved.
+    bad = np.flatnonzero(~np.isfinite(out[:, [0, 3]]).all(axis=1))
     if bad.size:
       raise FloatingPointError(
-          f"loss is {out[bad[0], 0]} at step {done + bad[0] + 1}")
+          f"loss {out[bad[0], 0]}, gradient norm {out[bad[0], 3]} at step "
+          f"{done + bad[0] + 1}")
     done += n
     for h in hook_list:
       h.after_loop(done, out, seconds)

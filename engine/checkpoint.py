@@ -1,0 +1,147 @@
+"""Checkpoints that resume exactly, refuse foreign runs, and survive kills.
+
+A checkpoint holds the model, the optimizer (its `iterations` is the global
+step) and nothing else: the input pipelines are pure functions of the seed and
+the step (`data.build_train(start_step=...)`), so the data position is the
+global step. Next to the checkpoints, `run.json` records what the run was
+(model, data, replicas, global batch); a resume that differs is refused.
+
+TensorFlow writes each checkpoint under a temporary name and only then
+atomically rewrites the `checkpoint` index file, so a process killed while
+saving leaves the previous checkpoint as the latest.
+"""
+import json
+import os
+import signal
+
+from absl import logging
+import tensorflow as tf
+
+from engine.config import Config
+from engine.errors import ConfigError, flag_error
+from engine.hooks import Hook, every
+
+# Exit status after a SIGTERM/SIGINT that saved a checkpoint: EX_TEMPFAIL,
+# "try again", so schedulers and engine.launch know the run can resume.
+PREEMPTED_EXIT_CODE = 75
+_IDENTITY_KEYS = ("model", "dataset", "image_size", "num_classes")
+_SHAPE_KEYS = ("num_replicas", "global_batch_size")
+
+
+class Preempted(Exception):
+  """Raised after a signal-triggered checkpoint; `main` exits with code 75."""
+
+
+def run_identity(config: Config, num_classes: int, replicas: int,
+                 global_batch: int) -> dict:
+  return {"model": config.model, "dataset": config.dataset,
+          "image_size": config.image_size, "num_classes": num_classes,
+          "num_replicas": replicas, "global_batch_size": global_batch}
+
+
+class Checkpointer:
+  """Owns the CheckpointManager of one run directory."""
+
+  def __init__(self, directory: str, model, optimizer, config: Config):
+    self.directory = directory
+    self._config = config
+    self._ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    self._manager = tf.train.CheckpointManager(
+        self._ckpt, directory, max_to_keep=config.keep_checkpoints)
+    self._optimizer = optimizer
+
+  def restore(self, identity: dict) -> int:
+    """Restores the latest checkpoint if there is one; returns its step.
+
+    Raises:
+      ConfigError: the directory belongs to another run or cannot be read.
+    """
+    meta_path = os.path.join(self.directory, "run.json")
+    latest = self._manager.latest_checkpoint
+    if latest is None:
+      return 0
+    try:
+      with open(meta_path) as f:
+        saved = json.load(f)
+    except (OSError, ValueError) as e:
+      raise flag_error("model_dir", self._config.model_dir,
+                       f"holds checkpoint {latest} without a readable "
+                       "run.json; use a new --model_dir.") from e
+    for key in _IDENTITY_KEYS:
+      if saved.get(key) != identity[key]:
+        raise flag_error(
+            "model_dir", self._config.model_dir,
+            f"holds a checkpoint of another run ({key}={saved.get(key)!r}, "
+            f"this run has {identity[key]!r}); use a new --model_dir.")
+    if not self._config.allow_resume_change:
+      for key in _SHAPE_KEYS:
+        if saved.get(key) != identity[key]:
+          raise flag_error(
+              "model_dir", self._config.model_dir,
+              f"was trained with {key}={saved.get(key)}, this run has "
+              f"{identity[key]}; resuming would change the results. Pass "
+              "--allow_resume_change if you mean it.")
+    try:
+      self._ckpt.restore(latest).assert_existing_objects_matched()
+    except (tf.errors.OpError, AssertionError, ValueError) as e:
+      raise flag_error("model_dir", self._config.model_dir,
+                       f"checkpoint {latest} cannot be restored "
+                       f"({type(e).__name__}: {str(e).splitlines()[0][:200]})"
+                       "; nothing was overwritten.") from e
+    step = int(self._optimizer.iterations.numpy())
+    logging.info("Resumed from %s at step %d.", latest, step)
+    return step
+
+  def write_identity(self, identity: dict) -> None:
+    os.makedirs(self.directory, exist_ok=True)
+    tmp = os.path.join(self.directory, "run.json.tmp")
+    with open(tmp, "w") as f:
+      json.dump(identity, f, indent=2)
+    os.replace(tmp, os.path.join(self.directory, "run.json"))
+
+  def save(self, step: int) -> str:
+    path = self._manager.save(checkpoint_number=step)
+    logging.info("Saved checkpoint %s.", path)
+    return path
+
+
+class CheckpointHook(Hook):
+  """Saves every `--checkpoint_every` steps, at the end, and on SIGTERM/SIGINT."""
+
+  def __init__(self, checkpointer: Checkpointer, every_steps: int):
+    self._checkpointer = checkpointer
+    self._every = every_steps
+    self._signal = None
+    self._last_saved = None
+    self._previous = {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+      self._previous[sig] = signal.signal(sig, self._on_signal)
+
+  def _on_signal(self, signum, frame):
+    del frame
+    # Only note it: the save happens between host calls, at a whole step.
+    self._signal = signum
+
+  def next_stop(self, step):
+    return every(self._every, step)
+
+  def after_loop(self, step, rows, seconds):
+    if self._every and step % self._every == 0:
+      self._save(step)
+    if self._signal is not None:
+      if self._last_saved != step:
+        self._save(step)
+      raise Preempted(f"{signal.Signals(self._signal).name} at step {step}; "
+                      f"checkpoint saved, exit code {PREEMPTED_EXIT_CODE}.")
+
+  def end(self, summary):
+    if self._last_saved != summary["global_step"]:
+      self._save(summary["global_step"])
+
+  def _save(self, step):
+    self._checkpointer.save(step)
+    self._last_saved = step
+
+  def close(self):
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)

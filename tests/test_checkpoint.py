@@ -1,0 +1,157 @@
+"""Checkpoints: exact resume, preemption, kills during saves, NaN guard."""
+import json
+import os
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import ROOT, engine_cmd, tiny_config
+from engine import checkpoint, train
+from engine.errors import ConfigError
+
+
+def test_interrupted_and_resumed_equals_uninterrupted(tmp_path):
+  kw = dict(cpu_devices=2, optimizer="adam", learning_rate=0.01,
+            synthetic_examples=40, steps_per_loop=4)  # partial batches too
+  whole = train.train(tiny_config(train_steps=12,
+                                  model_dir=str(tmp_path / "whole"), **kw))
+  part_dir = str(tmp_path / "parts")
+  first = train.train(tiny_config(train_steps=5, model_dir=part_dir, **kw))
+  assert first.summary["global_step"] == 5
+  rest = train.train(tiny_config(train_steps=12, model_dir=part_dir, **kw))
+  assert rest.summary["start_step"] == 5 and rest.summary["global_step"] == 12
+  np.testing.assert_allclose(rest.losses, whole.losses[5:], rtol=0, atol=1e-6)
+  assert rest.summary["final_loss"] == pytest.approx(
+      whole.summary["final_loss"], abs=1e-6)
+  for a, b in zip(rest.weights, whole.weights):
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+
+
+def test_resume_with_other_replica_count_is_refused(tmp_path):
+  train.train(tiny_config(cpu_devices=2, train_steps=2,
+                          model_dir=str(tmp_path)))
+  with pytest.raises(ConfigError, match="num_replicas=2, this run has 4"):
+    train.train(tiny_config(cpu_devices=4, batch_size_per_replica=4,
+                            train_steps=4, model_dir=str(tmp_path)))
+  with pytest.raises(ConfigError, match="global_batch_size=16, this run has"):
+    train.train(tiny_config(cpu_devices=2, batch_size_per_replica=4,
+                            train_steps=4, model_dir=str(tmp_path)))
+  ok = train.train(tiny_config(cpu_devices=4, batch_size_per_replica=4,
+                               train_steps=4, allow_resume_change=True,
+                               model_dir=str(tmp_path)))
+  assert ok.summary["start_step"] == 2 and ok.summary["global_step"] == 4
+
+
+def test_foreign_or_unreadable_checkpoint_is_refused(tmp_path):
+  train.train(tiny_config(cpu_devices=2, train_steps=2,
+                          model_dir=str(tmp_path)))
+  with pytest.raises(ConfigError, match="another run .*model='small_cnn'"):
+    train.train(tiny_config(cpu_devices=2, train_steps=2, model="mobilenet_v2",
+                            model_dir=str(tmp_path)))
+  ckpt_dir = tmp_path / "checkpoints"
+  index = ckpt_dir / "ckpt-2.index"
+  index.write_bytes(b"not a checkpoint")
+  before = sorted((p.name, p.stat().st_mtime_ns) for p in ckpt_dir.iterdir())
+  with pytest.raises(ConfigError, match="cannot be restored"):
+    train.train(tiny_config(cpu_devices=2, train_steps=4,
+                            model_dir=str(tmp_path)))
+  after = sorted((p.name, p.stat().st_mtime_ns) for p in ckpt_dir.iterdir())
+  assert before == after  # nothing overwritten
+
+
+TINY = ["--model=small_cnn", "--image_size=32", "--synthetic_examples=256",
+        "--batch_size_per_replica=8", "--cpu_devices=2", "--log_every=1"]
+
+
+def _start(*flags):
+  return subprocess.Popen(engine_cmd(*TINY, *flags), cwd=ROOT, text=True,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _wait_for_step(proc, step, timeout=120):
+  """Reads stderr until the progress line of `step` appears."""
+  deadline = time.monotonic() + timeout
+  lines = []
+  while time.monotonic() < deadline:
+    line = proc.stderr.readline()
+    if not line:
+      break
+    lines.append(line)
+    if f"step {step}/" in line:
+      return lines
+  proc.kill()
+  raise AssertionError("never reached step %d:\n%s" % (step, "".join(lines)))
+
+
+def _finish(proc, timeout=120):
+  try:
+    _, err = proc.communicate(timeout=timeout)
+  finally:
+    proc.kill()
+  return proc.returncode, err
+
+
+def _latest_step(model_dir):
+  latest = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
+  return int(latest.rsplit("-", 1)[1]) if latest else None
+
+
+def test_sigterm_saves_at_the_step_reached_and_resume_finishes(tmp_path):
+  proc = _start("--train_steps=100000", "--steps_per_loop=2",
+                f"--model_dir={tmp_path}")
+  _wait_for_step(proc, 10)
+  proc.send_signal(signal.SIGTERM)
+  code, err = _finish(proc)
+  assert code == checkpoint.PREEMPTED_EXIT_CODE, err[-2000:]
+  reached = int(err.split("SIGTERM at step ")[1].split(";")[0])
+  assert reached >= 10 and _latest_step(tmp_path) == reached
+  done = subprocess.run(engine_cmd(*TINY, f"--train_steps={reached + 6}",
+                                   f"--model_dir={tmp_path}"),
+                        cwd=ROOT, capture_output=True, text=True, timeout=180)
+  assert done.returncode == 0, done.stderr[-2000:]
+  summary = json.loads((tmp_path / "summary.json").read_text())
+  assert summary["start_step"] == reached
+  assert summary["global_step"] == reached + 6
+
+
+@pytest.mark.parametrize("delay", [0.05, 0.3])
+def test_sigkill_while_saving_leaves_a_restorable_latest(tmp_path, delay):
+  # Saving after every step: a SIGKILL lands during a save or between two.
+  proc = _start("--train_steps=100000", "--steps_per_loop=1",
+                "--checkpoint_every=1", "--keep_checkpoints=2",
+                f"--model_dir={tmp_path}")
+  _wait_for_step(proc, 5)
+  time.sleep(delay)
+  proc.send_signal(signal.SIGKILL)
+  _finish(proc)
+  saved = _latest_step(tmp_path)
+  assert saved is not None and saved >= 4
+  done = subprocess.run(engine_cmd(*TINY, f"--train_steps={saved + 3}",
+                                   f"--model_dir={tmp_path}"),
+                        cwd=ROOT, capture_output=True, text=True, timeout=180)
+  assert done.returncode == 0, done.stderr[-2000:]
+  summary = json.loads((tmp_path / "summary.json").read_text())
+  assert summary["start_step"] == saved
+  assert summary["global_step"] == saved + 3
+
+
+def test_nan_stops_names_the_step_and_keeps_finite_weights(tmp_path):
+  proc = subprocess.run(
+      engine_cmd(*TINY, "--optimizer=sgd", "--learning_rate=1e6",
+                 "--train_steps=200", "--checkpoint_every=1",
+                 "--steps_per_loop=1", f"--model_dir={tmp_path}"),
+      cwd=ROOT, capture_output=True, text=True, timeout=180)
+  assert proc.returncode == 3, proc.stderr[-2000:]
+  line = [l for l in proc.stderr.splitlines() if l.startswith("error:")][0]
+  assert "training diverged" in line and " at step " in line
+  bad_step = int(line.split(" at step ")[1].split(";")[0])
+  latest = tf.train.latest_checkpoint(str(tmp_path / "checkpoints"))
+  assert latest is not None and _latest_step(tmp_path) == bad_step - 1
+  reader = tf.train.load_checkpoint(latest)
+  for name, dtype in reader.get_variable_to_dtype_map().items():
+    if dtype.is_floating:
+      assert np.all(np.isfinite(reader.get_tensor(name))), name
