@@ -12,6 +12,7 @@ kept. Prints a table and the two ratios the engine must reach (>= 1.10x fit,
 import json
 import subprocess
 import sys
+import tempfile
 import time
 
 from absl import app
@@ -38,7 +39,7 @@ def _config():
       batch_size_per_replica=FLAGS.batch_size_per_replica,
       train_steps=FLAGS.warmup + FLAGS.steps, steps_per_loop=FLAGS.steps_per_loop,
       log_every=1000, synthetic_examples=4096,
-      model_dir="/tmp/tfengine_bench_throughput")
+      model_dir=tempfile.mkdtemp(prefix="tfengine_bench_"))
 
 
 def _common(config):

@@ -66,6 +66,9 @@ def make_train_loop(strategy: tf.distribute.Strategy,
   def train_loop(iterator, num_steps):
     history = tf.TensorArray(tf.float32, size=num_steps)
     for i in tf.range(num_steps):
+      # One step at a time: overlapping iterations would let the replicas'
+      # collectives of two steps interleave and stall each other.
+      tf.autograph.experimental.set_loop_options(parallel_iterations=1)
       images, labels = next(iterator)
       per_replica = strategy.run(replica_step, args=(images, labels))
       # Loss and metric sums over all replicas; one tiny reduce per step.
