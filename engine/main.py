@@ -71,6 +71,9 @@ flags.DEFINE_integer("log_every", _DEF["log_every"],
                      "Log a progress line every N steps.")
 flags.DEFINE_string("model_dir", _DEF["model_dir"],
                     "Where summary.json (and later checkpoints) go.")
+flags.DEFINE_string("weights_out", _DEF["weights_out"],
+                    "If set, the chief saves the final trainable weights to "
+                    "this .npz file name inside --model_dir.")
 flags.DEFINE_integer("seed", _DEF["seed"], "Seed for weights and data order.")
 
 FLAGS = flags.FLAGS
@@ -98,6 +101,20 @@ def main(argv):
     train.train(config)
   except ConfigError as e:
     _fail(str(e))
+  except (tf_errors().UnavailableError, tf_errors().DeadlineExceededError,
+          tf_errors().CancelledError, tf_errors().AbortedError) as e:
+    # A collective failed: a peer died or hung. One line, non-zero exit.
+    from engine import cluster  # pylint: disable=g-import-not-at-top
+    logging.flush()
+    print("error: cluster failure, a worker was lost or timed out "
+          f"(--collective_timeout={FLAGS.collective_timeout:g}): "
+          f"{str(e.message).splitlines()[0]}", file=sys.stderr, flush=True)
+    sys.exit(cluster.EXIT_CLUSTER)
+
+
+def tf_errors():
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return tf.errors
 
 
 def _fail(message: str):

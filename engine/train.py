@@ -2,6 +2,8 @@
 import dataclasses
 import json
 import os
+import shutil
+import tempfile
 import time
 from typing import List
 
@@ -12,7 +14,7 @@ import tensorflow as tf
 
 import data
 import models
-from engine import devices, hooks, step
+from engine import cluster, devices, hooks, step
 from engine.config import Config
 from engine.errors import flag_error
 from engine.optimizers import create_optimizer
@@ -60,8 +62,12 @@ def train(config: Config) -> Result:
                      f"unknown; valid: {', '.join(sorted(models.MODELS))}.")
   strategy = devices.make_strategy(config)
   chief = is_chief(strategy)
-  if chief:
-    check_model_dir(config.model_dir)
+  # Only the chief writes model_dir; other workers write the same files to a
+  # private temporary directory, removed at the end, so no two processes ever
+  # write one file.
+  output_dir = config.model_dir if chief else tempfile.mkdtemp(
+      prefix="tfengine_worker_")
+  check_model_dir(output_dir)
   replicas = strategy.num_replicas_in_sync
   workers = getattr(strategy.extended, "_num_workers", 1)
   global_batch = config.batch_size_per_replica * replicas
@@ -90,6 +96,7 @@ def train(config: Config) -> Result:
   hook_list = [hooks.LogHook(config.log_every, total_steps)]
   history, steady_examples, steady_seconds = _run(
       train_loop, iterator, total_steps, config, hook_list)
+  cluster.stop_watchdog()  # the last collective is done; peers may now exit
   losses, accuracies = history[:, 0], history[:, 1]
   window = accuracies[-config.log_every:]
   summary = {
@@ -113,11 +120,14 @@ def train(config: Config) -> Result:
   }
   for h in hook_list:
     h.end(summary)
-  if chief:
-    with open(os.path.join(config.model_dir, "summary.json"), "w") as f:
-      json.dump(summary, f, indent=2)
+  with open(os.path.join(output_dir, "summary.json"), "w") as f:
+    json.dump(summary, f, indent=2)
   logging.info("Done: %s", json.dumps(summary))
   weights = [np.array(v.numpy()) for v in model.trainable_variables]
+  if config.weights_out:
+    np.savez(os.path.join(output_dir, config.weights_out), *weights)
+  if not chief:
+    shutil.rmtree(output_dir)
   return Result(summary, losses, accuracies, weights)
 
 
