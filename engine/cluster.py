@@ -13,6 +13,7 @@ during training.
 """
 import json
 import os
+import re
 import socket
 import sys
 import threading
@@ -222,6 +223,26 @@ class Watchdog(threading.Thread):
         if failures[k] >= _PROBE_FAILURES and not self._stopped.is_set():
           _die(f"lost task {_names([k], self._peers)}: it stopped accepting "
                "connections during training; stopping this worker too.")
+
+
+def failure_line(error: Exception, collective_timeout: float) -> str:
+  """One line for a failed collective, naming the lost task where it can.
+
+  TF names the remote task in the gRPC error; failing that, the peers whose
+  ports refuse a connection right now are named.
+  """
+  text = str(getattr(error, "message", error))
+  peers = _watchdog._peers if _watchdog is not None else {}  # pylint: disable=protected-access
+  named = [(job, int(i)) for job, i in
+           re.findall(r"/job:(\w+)/replica:\d+/task:(\d+)", text)]
+  lost = [t for t in dict.fromkeys(named) if t in peers]
+  if not lost:
+    lost = [t for t, a in peers.items() if not _accepts(a)]
+  first = text.strip().splitlines()[-1] if text.strip() else type(error).__name__
+  if lost:
+    return f"lost task {_names(lost, peers)}; a collective failed: {first}"
+  return (f"a collective failed or exceeded --collective_timeout="
+          f"{collective_timeout:g}: {first}")
 
 
 def _names(tasks, addresses) -> str:

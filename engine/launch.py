@@ -80,6 +80,8 @@ def launch(num_workers: int, engine_flags, cpu_pinning: bool = False) -> int:
         start_new_session=True,  # own process group, so killpg stops it all
         preexec_fn=(lambda pin=pin: os.sched_setaffinity(0, pin))
         if pin else None))
+    print(f"launcher: worker {i} pid {procs[-1].pid}: {' '.join(cmd)}",
+          file=sys.stderr, flush=True)
     pumps.append(threading.Thread(target=_pump, daemon=True,
                                   args=(i, procs[-1].stdout, lock)))
     pumps[-1].start()

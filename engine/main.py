@@ -106,9 +106,8 @@ def main(argv):
     # A collective failed: a peer died or hung. One line, non-zero exit.
     from engine import cluster  # pylint: disable=g-import-not-at-top
     logging.flush()
-    print("error: cluster failure, a worker was lost or timed out "
-          f"(--collective_timeout={FLAGS.collective_timeout:g}): "
-          f"{str(e.message).splitlines()[0]}", file=sys.stderr, flush=True)
+    print("error: " + cluster.failure_line(e, FLAGS.collective_timeout),
+          file=sys.stderr, flush=True)
     sys.exit(cluster.EXIT_CLUSTER)
 
 
