@@ -9,11 +9,12 @@ Same per-replica batch and model everywhere. Prints (c)/(a) as the speed-up
 and (c)/(b) as communication efficiency. Throughput is the engine's own
 steady-state examples/s from summary.json (the first, tracing step excluded).
 
-  python -m benchmarks.scaling [--steps=31] [--image_size=64] [--batch=64]
+  python -m benchmarks.scaling [--steps=31] [--repeats=1] [--image_size=64]
 """
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -76,6 +77,9 @@ def main():
   parser.add_argument("--steps", type=int, default=31)
   parser.add_argument("--steps_per_loop", type=int, default=10)
   parser.add_argument("--cross_device_ops", default="ring")
+  parser.add_argument("--repeats", type=int, default=1,
+                      help="run a, b, c this many times, interleaved; "
+                      "report the median of each")
   parser.add_argument("--timeout", type=float, default=1800)
   args = parser.parse_args()
   cores = sorted(os.sched_getaffinity(0))
@@ -83,13 +87,19 @@ def main():
     sys.exit(f"needs 2 CPU cores, this process may use {len(cores)}")
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   with tempfile.TemporaryDirectory() as tmp:
-    start = time.time()
-    (a,) = single(args, cores[:1], tmp)
-    b = sum(single(args, cores[:2], tmp))
-    c = launched(args, tmp)
+    start, load = time.time(), os.getloadavg()[0]
+    runs = {"a": [], "b": [], "c": []}
+    for _ in range(args.repeats):
+      runs["a"] += single(args, cores[:1], tmp)
+      runs["b"].append(sum(single(args, cores[:2], tmp)))
+      runs["c"].append(launched(args, tmp))
+    a, b, c = (statistics.median(runs[k]) for k in "abc")
   print(f"{args.model} {args.image_size}x{args.image_size}, batch {args.batch} "
         f"per replica, {args.steps} steps, cores {cores[:2]}, "
-        f"{time.time() - start:.0f} s in all")
+        f"{args.repeats} repeat(s), {time.time() - start:.0f} s in all; "
+        f"1-min load average at start {load:.2f} (other jobs skew (b))")
+  for k in "abc":
+    print(f"  runs {k}: {', '.join(f'{v:.1f}' for v in runs[k])}")
   print(f"(a) 1 worker, 1 core:                  {a:8.1f} examples/s")
   print(f"(b) 2 independent workers, 1 core each: {b:8.1f} examples/s")
   print(f"(c) 2 workers ({args.cross_device_ops}), 1 core each:     "

@@ -7,7 +7,7 @@ refused rather than guessed between.
 
 MultiWorkerMirroredStrategy's constructor blocks until every peer has joined,
 and a dead peer can leave a collective waiting for a long time. A watchdog
-thread bounds both: it exits the process with one line naming the task(s) that
+process bounds both: it exits the process with one line naming the task(s) that
 never joined within `--init_timeout`, or that stopped accepting connections
 during training.
 """
@@ -15,9 +15,8 @@ import json
 import os
 import re
 import socket
+import subprocess
 import sys
-import threading
-import time
 from typing import Dict, List, Optional
 
 from absl import logging
@@ -109,8 +108,10 @@ def cluster_resolver(config: Config, environ):
                    "TF_CONFIG in the environment, or a SLURM srun step.")
 
 
-def check_worker_hosts(hosts, task_index: int) -> List[str]:
-  """Refuses malformed, duplicate or unresolvable hosts and a bad index."""
+def check_worker_hosts(hosts, task_index: int, resolve: bool = True
+                       ) -> List[str]:
+  """Refuses malformed, duplicate or (if `resolve`) unresolvable hosts and a
+  bad index."""
   flag = ",".join(hosts)
   for h in hosts:
     host, sep, port = h.rpartition(":")
@@ -126,7 +127,7 @@ def check_worker_hosts(hosts, task_index: int) -> List[str]:
     raise flag_error("task_index", task_index,
                      f"must be in 0..{len(hosts) - 1} for {len(hosts)} "
                      "--worker_hosts.")
-  for h in hosts:
+  for h in hosts if resolve else ():
     host, _, port = h.rpartition(":")
     try:
       socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM)
@@ -148,8 +149,10 @@ def _tf_config_resolver(text: str):
   if task_id >= len(spec.get(task_type, ())):
     raise ConfigError(f"TF_CONFIG task {task_type}:{task_id} is not in its "
                       f"cluster {json.dumps(spec)}.")
+  # Names are not resolved: a Kubernetes operator's pod names may only
+  # resolve once the pods run; the init timeout covers that case.
   for job in spec.values():
-    check_worker_hosts(job, 0)
+    check_worker_hosts(job, 0, resolve=False)
   return tf.distribute.cluster_resolver.SimpleClusterResolver(
       tf.train.ClusterSpec(spec), task_type=task_type, task_id=task_id,
       rpc_layer=tf_config.get("rpc_layer", "grpc"))
@@ -183,46 +186,44 @@ def _accepts(address: str, timeout: float = 1.0) -> bool:
     return False
 
 
-class Watchdog(threading.Thread):
-  """Exits the process, with one line, when the cluster cannot make progress.
+class Watchdog:
+  """Handle on the watchdog process (engine/watchdog.py, which explains why).
 
-  Before `joined()`: if `init_timeout` passes, names the peers whose ports never
-  accepted a TCP connection. After: probes every peer's port and names the
-  first that refuses `_PROBE_FAILURES` probes in a row. A killed worker's port
-  refuses at once, so this is far quicker than a collective timeout.
+  Before `joined()`: if `init_timeout` passes, it names the peers whose ports
+  never accepted a TCP connection. After: it probes every peer's port and names
+  the first that refuses `_PROBE_FAILURES` probes in a row. A killed worker's
+  port refuses at once, so this is far quicker than a collective timeout.
   """
 
   def __init__(self, addresses: Dict[tuple, str], me: tuple,
                init_timeout: float):
-    super().__init__(daemon=True, name="cluster-watchdog")
-    self._peers = {k: v for k, v in addresses.items() if k != me}
-    self._init_timeout = init_timeout
-    self._joined = threading.Event()
-    self._stopped = threading.Event()
+    self.peers = {k: v for k, v in addresses.items() if k != me}
+    self._args = [str(os.getpid()), str(init_timeout), str(_PROBE_SECONDS),
+                  str(_PROBE_FAILURES),
+                  json.dumps({f"{t}:{i}": a for (t, i), a in
+                              self.peers.items()})]
+    self._proc = None
+
+  def start(self):
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                          "watchdog.py")
+    self._proc = subprocess.Popen([sys.executable, script, *self._args],
+                                  stdin=subprocess.PIPE, text=True)
+
+  def _say(self, word):
+    if self._proc is not None and self._proc.poll() is None:
+      self._proc.stdin.write(word + "\n")
+      self._proc.stdin.flush()
 
   def joined(self):
-    self._joined.set()
+    self._say("joined")
 
   def stop(self):
-    self._stopped.set()
-
-  def run(self):
-    seen = set()
-    deadline = time.monotonic() + self._init_timeout
-    while not self._joined.wait(_PROBE_SECONDS):
-      seen.update(k for k, a in self._peers.items()
-                  if k not in seen and _accepts(a))
-      if time.monotonic() > deadline:
-        missing = [k for k in self._peers if k not in seen] or list(self._peers)
-        _die(f"--init_timeout={self._init_timeout:g}: tasks "
-             f"{_names(missing, self._peers)} never joined the cluster.")
-    failures = dict.fromkeys(self._peers, 0)
-    while not self._stopped.wait(_PROBE_SECONDS):
-      for k, address in self._peers.items():
-        failures[k] = 0 if _accepts(address) else failures[k] + 1
-        if failures[k] >= _PROBE_FAILURES and not self._stopped.is_set():
-          _die(f"lost task {_names([k], self._peers)}: it stopped accepting "
-               "connections during training; stopping this worker too.")
+    self._say("stop")
+    if self._proc is not None:
+      self._proc.stdin.close()
+      self._proc.wait(10)
+      self._proc = None
 
 
 def failure_line(error: Exception, collective_timeout: float) -> str:
@@ -232,7 +233,7 @@ def failure_line(error: Exception, collective_timeout: float) -> str:
   ports refuse a connection right now are named.
   """
   text = str(getattr(error, "message", error))
-  peers = _watchdog._peers if _watchdog is not None else {}  # pylint: disable=protected-access
+  peers = _watchdog.peers if _watchdog is not None else {}
   named = [(job, int(i)) for job, i in
            re.findall(r"/job:(\w+)/replica:\d+/task:(\d+)", text)]
   lost = [t for t in dict.fromkeys(named) if t in peers]
@@ -249,7 +250,3 @@ def _names(tasks, addresses) -> str:
   return ", ".join(f"{t}:{i} ({addresses[(t, i)]})" for t, i in tasks)
 
 
-def _die(message: str):
-  logging.flush()
-  print(f"error: {message}", file=sys.stderr, flush=True)
-  os._exit(EXIT_CLUSTER)  # pylint: disable=protected-access

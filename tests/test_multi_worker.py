@@ -158,7 +158,9 @@ def test_lone_worker_gives_up_after_init_timeout(tmp_path):
       *tiny_flags(model_dir=str(tmp_path), init_timeout=5.0)),
                        cwd=ROOT, env=ENV, capture_output=True, text=True,
                        timeout=90, check=False)
-  assert out.returncode == cluster.EXIT_CLUSTER
+  # The watchdog process ends the worker with SIGTERM, then SIGKILL (see
+  # engine/watchdog.py): the worker is blocked in C++ holding the GIL.
+  assert out.returncode in (-signal.SIGTERM, -signal.SIGKILL)
   assert time.monotonic() - start < 60
   want = (f"error: --init_timeout=5: tasks worker:1 (127.0.0.1:{ports[1]}) "
           "never joined the cluster.")
