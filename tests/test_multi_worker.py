@@ -243,3 +243,23 @@ def test_cluster_sources():
     cluster.cluster_resolver(tiny_config(**base), {"TF_CONFIG": json.dumps(
         {"cluster": {"worker": ["a:1"]}, "task": {"type": "worker",
                                                   "index": 3}})})
+
+
+def test_launcher_stops_all_on_ctrl_c(tmp_path):
+  log = tmp_path / "launch.log"
+  proc = _start([sys.executable, "-m", "engine.launch", "--num_workers=2",
+                 "--", *tiny_flags(model_dir=str(tmp_path / "m"), **LONG)],
+                open(log, "w"))
+  try:
+    assert _wait_for(lambda: log.read_text().splitlines(), "step 5/",
+                     time.monotonic() + 90), log.read_text()[-2000:]
+    pids = [int(line.split()[4].rstrip(":")) for line in log.read_text().splitlines()
+            if line.startswith("launcher: worker ") and " pid " in line]
+    assert len(pids) == 2
+    os.kill(proc.pid, signal.SIGINT)
+    assert proc.wait(30) == 128 + signal.SIGINT
+    for pid in pids:  # every worker was stopped (and reaped) by the launcher
+      with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+  finally:
+    _kill([proc])
