@@ -1,4 +1,5 @@
 """The outer loop: set up, run the compiled inner loop, log, write summary.json."""
+import atexit
 import dataclasses
 import json
 import os
@@ -67,6 +68,8 @@ def train(config: Config) -> Result:
   # write one file.
   output_dir = config.model_dir if chief else tempfile.mkdtemp(
       prefix="tfengine_worker_")
+  if not chief:  # also on an error exit (not on SIGKILL)
+    atexit.register(shutil.rmtree, output_dir, ignore_errors=True)
   check_model_dir(output_dir)
   replicas = strategy.num_replicas_in_sync
   workers = getattr(strategy.extended, "_num_workers", 1)
@@ -127,7 +130,7 @@ def train(config: Config) -> Result:
   if config.weights_out:
     np.savez(os.path.join(output_dir, config.weights_out), *weights)
   if not chief:
-    shutil.rmtree(output_dir)
+    shutil.rmtree(output_dir, ignore_errors=True)
   return Result(summary, losses, accuracies, weights)
 
 
