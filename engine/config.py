@@ -103,6 +103,11 @@ class Config:
       raise flag_error("cross_device_ops", self.cross_device_ops,
                        "is a MirroredStrategy option; multi_worker takes "
                        "auto, ring or nccl.")
+    if self.strategy == "multi_worker" and (self.devices or self.cpu_devices):
+      raise flag_error("cpu_devices" if self.cpu_devices else "devices",
+                       self.cpu_devices or ",".join(self.devices),
+                       "is not used by --strategy=multi_worker, which takes "
+                       "every local GPU, else one CPU, per worker; drop it.")
 
 
 def _one_of(flag, value, valid):

@@ -224,6 +224,11 @@ def test_bad_worker_hosts(hosts, index, message):
   assert message in str(e.value)
 
 
+def test_multi_worker_refuses_local_device_flags():
+  with pytest.raises(ConfigError, match="--cpu_devices=2: is not used"):
+    tiny_config(strategy="multi_worker", cpu_devices=2)
+
+
 def test_cluster_sources():
   base = dict(strategy="multi_worker")
   tf_config = json.dumps({"cluster": {"worker": ["a:1", "b:2"]},
