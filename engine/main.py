@@ -4,6 +4,7 @@ The only module that defines or reads flags. It validates them into a frozen
 `Config`, sets up the host before TensorFlow runs any op, and calls
 `engine.train.train`. Bad input ends with one line on stderr and exit code 2.
 """
+import signal
 import sys
 
 from absl import app
@@ -94,6 +95,10 @@ def main(argv):
           "--name=value.")
   try:
     config = config_from_flags()
+    # SIGTERM (the launcher stopping us) exits through SystemExit, so atexit
+    # clean-up (a non-chief's temporary directory) still runs.
+    signal.signal(signal.SIGTERM,
+                  lambda signum, _: sys.exit(128 + signum))
     # Logical devices must exist before TensorFlow runs any op.
     from engine import devices  # pylint: disable=g-import-not-at-top
     devices.configure_host(config.cpu_devices)
