@@ -42,12 +42,14 @@ def run_identity(config: Config, num_classes: int, replicas: int,
 class Checkpointer:
   """Owns the CheckpointManager of one run directory."""
 
-  def __init__(self, directory: str, model, optimizer, config: Config):
-    self.directory = directory
+  def __init__(self, restore_dir: str, save_dir: str, model, optimizer,
+               config: Config):
+    self._restore_dir = restore_dir
+    self.directory = save_dir
     self._config = config
     self._ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer)
     self._manager = tf.train.CheckpointManager(
-        self._ckpt, directory, max_to_keep=config.keep_checkpoints)
+        self._ckpt, save_dir, max_to_keep=config.keep_checkpoints)
     self._optimizer = optimizer
 
   def restore(self, identity: dict) -> int:
@@ -56,8 +58,8 @@ class Checkpointer:
     Raises:
       ConfigError: the directory belongs to another run or cannot be read.
     """
-    meta_path = os.path.join(self.directory, "run.json")
-    latest = self._manager.latest_checkpoint
+    meta_path = os.path.join(self._restore_dir, "run.json")
+    latest = tf.train.latest_checkpoint(self._restore_dir)
     if latest is None:
       return 0
     try:

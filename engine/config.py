@@ -3,6 +3,7 @@
 Defaults live here and only here; `engine/main.py` turns flags into a `Config`.
 """
 import dataclasses
+import os
 from typing import Optional, Tuple
 
 from engine.errors import flag_error
@@ -49,6 +50,7 @@ class Config:
   steps_per_loop: int = 10
   log_every: int = 10
   model_dir: str = "/tmp/tfengine"
+  weights_out: str = ""  # file name in model_dir for final weights (.npz)
   seed: int = 42
   # Checkpoints (model_dir/checkpoints).
   checkpoint_every: int = 0  # steps; 0 = only at the end
@@ -80,6 +82,9 @@ class Config:
     for name in ("learning_rate", "init_timeout", "collective_timeout"):
       if not getattr(self, name) > 0:
         raise flag_error(name, getattr(self, name), "must be positive.")
+    if os.path.basename(self.weights_out) != self.weights_out:
+      raise flag_error("weights_out", self.weights_out,
+                       "is a file name inside --model_dir, not a path.")
     if not 0.0 <= self.momentum < 1.0:
       raise flag_error("momentum", self.momentum, "must be in [0, 1).")
     if self.num_classes < 2:
@@ -103,6 +108,11 @@ class Config:
       raise flag_error("cross_device_ops", self.cross_device_ops,
                        "is a MirroredStrategy option; multi_worker takes "
                        "auto, ring or nccl.")
+    if self.strategy == "multi_worker" and (self.devices or self.cpu_devices):
+      raise flag_error("cpu_devices" if self.cpu_devices else "devices",
+                       self.cpu_devices or ",".join(self.devices),
+                       "is not used by --strategy=multi_worker, which takes "
+                       "every local GPU, else one CPU, per worker; drop it.")
 
 
 def _one_of(flag, value, valid):

@@ -4,6 +4,7 @@ The only module that defines or reads flags. It validates them into a frozen
 `Config`, sets up the host before TensorFlow runs any op, and calls
 `engine.train.train`. Bad input ends with one line on stderr and exit code 2.
 """
+import signal
 import sys
 
 from absl import app
@@ -71,6 +72,9 @@ flags.DEFINE_integer("log_every", _DEF["log_every"],
                      "Log a progress line every N steps.")
 flags.DEFINE_string("model_dir", _DEF["model_dir"],
                     "Where summary.json (and later checkpoints) go.")
+flags.DEFINE_string("weights_out", _DEF["weights_out"],
+                    "If set, the chief saves the final trainable weights to "
+                    "this .npz file name inside --model_dir.")
 flags.DEFINE_integer("seed", _DEF["seed"], "Seed for weights and data order.")
 flags.DEFINE_integer("checkpoint_every", _DEF["checkpoint_every"],
                      "Save a checkpoint every N steps (0: only at the end).")
@@ -98,6 +102,10 @@ def main(argv):
           "--name=value.")
   try:
     config = config_from_flags()
+    # SIGTERM (the launcher stopping us) exits through SystemExit, so atexit
+    # clean-up (a non-chief's temporary directory) still runs.
+    signal.signal(signal.SIGTERM,
+                  lambda signum, _: sys.exit(128 + signum))
     # Logical devices must exist before TensorFlow runs any op.
     from engine import devices  # pylint: disable=g-import-not-at-top
     devices.configure_host(config.cpu_devices)
@@ -112,9 +120,22 @@ def main(argv):
     except FloatingPointError as e:
       _fail(f"training diverged: {e}; the latest checkpoint in "
             f"{config.model_dir}/checkpoints holds the last finite weights. "
-            "Lower --learning_rate.", code=3)
+            "Lower --learning_rate.", code=4)
   except ConfigError as e:
     _fail(str(e))
+  except (tf_errors().UnavailableError, tf_errors().DeadlineExceededError,
+          tf_errors().CancelledError, tf_errors().AbortedError) as e:
+    # A collective failed: a peer died or hung. One line, non-zero exit.
+    from engine import cluster  # pylint: disable=g-import-not-at-top
+    logging.flush()
+    print("error: " + cluster.failure_line(e, FLAGS.collective_timeout),
+          file=sys.stderr, flush=True)
+    sys.exit(cluster.EXIT_CLUSTER)
+
+
+def tf_errors():
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return tf.errors
 
 
 def _fail(message: str, code: int = 2):

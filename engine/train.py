@@ -1,7 +1,10 @@
 """The outer loop: set up, run the compiled inner loop, log, write summary.json."""
+import atexit
 import dataclasses
 import json
 import os
+import shutil
+import tempfile
 import time
 from typing import List
 
@@ -12,7 +15,7 @@ import tensorflow as tf
 
 import data
 import models
-from engine import checkpoint, devices, hooks, step
+from engine import checkpoint, cluster, devices, hooks, step
 from engine.config import Config
 from engine.errors import flag_error
 from engine.optimizers import create_optimizer
@@ -65,8 +68,14 @@ def train(config: Config, extra_hooks=()) -> Result:
                      f"unknown; valid: {', '.join(sorted(models.MODELS))}.")
   strategy = devices.make_strategy(config)
   chief = is_chief(strategy)
-  if chief:
-    check_model_dir(config.model_dir)
+  # Only the chief writes model_dir; other workers write the same files to a
+  # private temporary directory, removed at the end, so no two processes ever
+  # write one file.
+  output_dir = config.model_dir if chief else tempfile.mkdtemp(
+      prefix="tfengine_worker_")
+  if not chief:  # also on an error exit (not on SIGKILL)
+    atexit.register(shutil.rmtree, output_dir, ignore_errors=True)
+  check_model_dir(output_dir)
   replicas = strategy.num_replicas_in_sync
   workers = getattr(strategy.extended, "_num_workers", 1)
   global_batch = config.batch_size_per_replica * replicas
@@ -88,13 +97,15 @@ def train(config: Config, extra_hooks=()) -> Result:
     # Built here, in the scope and before the first tf.function call, so the
     # slots are mirrored variables and not created inside the trace.
     optimizer.build(model.trainable_variables)
+  # Every worker resumes from the chief's checkpoints (model_dir must be
+  # shared storage across hosts) and saves into its own output_dir.
   checkpointer = checkpoint.Checkpointer(
-      os.path.join(config.model_dir, "checkpoints"), model, optimizer, config)
+      os.path.join(config.model_dir, "checkpoints"),
+      os.path.join(output_dir, "checkpoints"), model, optimizer, config)
   identity = checkpoint.run_identity(config, info.num_classes, replicas,
                                      global_batch)
   start_step = checkpointer.restore(identity)
-  if chief:
-    checkpointer.write_identity(identity)
+  checkpointer.write_identity(identity)
   # The pipeline is a pure function of (seed, step): resuming is skipping.
   dataset, _ = data.build_train(config, global_batch, start_step)
   iterator = iter(strategy.experimental_distribute_dataset(dataset))
@@ -109,6 +120,7 @@ def train(config: Config, extra_hooks=()) -> Result:
         train_loop, iterator, start_step, total_steps, config, hook_list)
   finally:
     ckpt_hook.close()
+  cluster.stop_watchdog()  # the last collective is done; peers may now exit
   losses, accuracies = history[:, 0], history[:, 1]
   window = accuracies[-config.log_every:]
   last = lambda a: float(a[-1]) if len(a) else None
@@ -135,11 +147,14 @@ def train(config: Config, extra_hooks=()) -> Result:
   }
   for h in hook_list:
     h.end(summary)
-  if chief:
-    with open(os.path.join(config.model_dir, "summary.json"), "w") as f:
-      json.dump(summary, f, indent=2)
+  with open(os.path.join(output_dir, "summary.json"), "w") as f:
+    json.dump(summary, f, indent=2)
   logging.info("Done: %s", json.dumps(summary))
   weights = [np.array(v.numpy()) for v in model.trainable_variables]
+  if config.weights_out:
+    np.savez(os.path.join(output_dir, config.weights_out), *weights)
+  if not chief:
+    shutil.rmtree(output_dir, ignore_errors=True)
   return Result(summary, losses, accuracies, weights,
                 train_loop.experimental_get_tracing_count())
 

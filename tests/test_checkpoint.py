@@ -145,7 +145,7 @@ def test_nan_stops_names_the_step_and_keeps_finite_weights(tmp_path):
                  "--train_steps=200", "--checkpoint_every=1",
                  "--steps_per_loop=1", f"--model_dir={tmp_path}"),
       cwd=ROOT, capture_output=True, text=True, timeout=180)
-  assert proc.returncode == 3, proc.stderr[-2000:]
+  assert proc.returncode == 4, proc.stderr[-2000:]
   line = [l for l in proc.stderr.splitlines() if l.startswith("error:")][0]
   assert "training diverged" in line and " at step " in line
   bad_step = int(line.split(" at step ")[1].split(";")[0])

@@ -1,0 +1,112 @@
+"""Multi-worker scaling on this host, three set-ups measured side by side in one run.
+
+  (a) one worker pinned to one CPU core;
+  (b) two independent one-worker processes, each pinned to its own core, at the
+      same time: the no-communication ceiling for two cores;
+  (c) two workers through `engine.launch --cpu_pinning`, one core each.
+
+Same per-replica batch and model everywhere. Prints (c)/(a) as the speed-up
+and (c)/(b) as communication efficiency. Throughput is the engine's own
+steady-state examples/s from summary.json (the first, tracing step excluded).
+
+  python -m benchmarks.scaling [--steps=31] [--repeats=1] [--image_size=64]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def engine_flags(args, model_dir):
+  return [f"--model={args.model}", f"--image_size={args.image_size}",
+          f"--batch_size_per_replica={args.batch}",
+          f"--train_steps={args.steps}", f"--steps_per_loop={args.steps_per_loop}",
+          f"--log_every={args.steps}", "--optimizer=sgd",
+          f"--synthetic_examples={args.batch * 2 * (args.steps + 1)}",
+          f"--model_dir={model_dir}"]
+
+
+def _pinned(core):
+  return lambda: os.sched_setaffinity(0, {core})
+
+
+def _throughput(model_dir):
+  with open(os.path.join(model_dir, "summary.json")) as f:
+    return json.load(f)["examples_per_sec"]
+
+
+def single(args, cores, tmp):
+  """One one_device process per core, all at the same time; examples/s each."""
+  procs, dirs = [], []
+  for k, core in enumerate(cores):
+    d = os.path.join(tmp, f"single_{len(cores)}_{k}")
+    dirs.append(d)
+    procs.append(subprocess.Popen(
+        [sys.executable, "-m", "engine.main", "--strategy=one_device",
+         *engine_flags(args, d)], cwd=ROOT, preexec_fn=_pinned(core),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+  for p in procs:
+    if p.wait(args.timeout) != 0:
+      sys.exit(f"a single-worker run failed with code {p.returncode}")
+  return [_throughput(d) for d in dirs]
+
+
+def launched(args, tmp):
+  d = os.path.join(tmp, "launched")
+  code = subprocess.run(
+      [sys.executable, "-m", "engine.launch", "--num_workers=2",
+       "--cpu_pinning", "--", f"--cross_device_ops={args.cross_device_ops}",
+       *engine_flags(args, d)], cwd=ROOT, stdout=subprocess.DEVNULL,
+      stderr=subprocess.DEVNULL, timeout=args.timeout, check=False).returncode
+  if code != 0:
+    sys.exit(f"the launched 2-worker run failed with code {code}")
+  return _throughput(d)
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--model", default="mobilenet_v2")
+  parser.add_argument("--image_size", type=int, default=64)
+  parser.add_argument("--batch", type=int, default=64, help="per replica")
+  parser.add_argument("--steps", type=int, default=31)
+  parser.add_argument("--steps_per_loop", type=int, default=10)
+  parser.add_argument("--cross_device_ops", default="ring")
+  parser.add_argument("--repeats", type=int, default=1,
+                      help="run a, b, c this many times, interleaved; "
+                      "report the median of each")
+  parser.add_argument("--timeout", type=float, default=1800)
+  args = parser.parse_args()
+  cores = sorted(os.sched_getaffinity(0))
+  if len(cores) < 2:
+    sys.exit(f"needs 2 CPU cores, this process may use {len(cores)}")
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  with tempfile.TemporaryDirectory() as tmp:
+    start, load = time.time(), os.getloadavg()[0]
+    runs = {"a": [], "b": [], "c": []}
+    for _ in range(args.repeats):
+      runs["a"] += single(args, cores[:1], tmp)
+      runs["b"].append(sum(single(args, cores[:2], tmp)))
+      runs["c"].append(launched(args, tmp))
+    a, b, c = (statistics.median(runs[k]) for k in "abc")
+  print(f"{args.model} {args.image_size}x{args.image_size}, batch {args.batch} "
+        f"per replica, {args.steps} steps, cores {cores[:2]}, "
+        f"{args.repeats} repeat(s), {time.time() - start:.0f} s in all; "
+        f"1-min load average at start {load:.2f} (other jobs skew (b))")
+  for k in "abc":
+    print(f"  runs {k}: {', '.join(f'{v:.1f}' for v in runs[k])}")
+  print(f"(a) 1 worker, 1 core:                  {a:8.1f} examples/s")
+  print(f"(b) 2 independent workers, 1 core each: {b:8.1f} examples/s")
+  print(f"(c) 2 workers ({args.cross_device_ops}), 1 core each:     "
+        f"{c:8.1f} examples/s")
+  print(f"speed-up (c)/(a) = {c / a:.3f}; communication efficiency "
+        f"(c)/(b) = {c / b:.3f} (target >= 0.95)")
+
+
+if __name__ == "__main__":
+  main()

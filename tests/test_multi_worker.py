@@ -1,0 +1,270 @@
+"""Multi-worker training through real processes on loopback ports.
+
+Every wait is bounded and every process started here is killed in `finally`.
+Workers never get --cpu_devices: each is one CPU replica, as on real hosts.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, engine_cmd, tiny_config
+from engine import cluster, train
+from engine.errors import ConfigError
+from engine.launch import free_ports
+
+GLOBAL_BATCH = 16
+STEPS = 4
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+ENV.pop("TF_CONFIG", None)
+
+
+def lr(optimizer):
+  return 0.05 if optimizer == "sgd" else 0.005
+
+
+def tiny_flags(**overrides):
+  """tiny_config's values as engine flags, so CLI and in-process runs match."""
+  c = tiny_config(**overrides)
+  names = ("model", "image_size", "synthetic_examples",
+           "batch_size_per_replica", "epochs", "train_steps", "steps_per_loop",
+           "log_every", "seed", "optimizer", "learning_rate",
+           "cross_device_ops", "model_dir", "weights_out", "init_timeout",
+           "collective_timeout")
+  return [f"--{n}={getattr(c, n)}" for n in names]
+
+
+def launch(flags, timeout=150, num_workers=2):
+  return subprocess.run(
+      [sys.executable, "-m", "engine.launch", f"--num_workers={num_workers}",
+       "--", *flags], cwd=ROOT, env=ENV, capture_output=True, text=True,
+      timeout=timeout, check=False)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.parametrize("cross_device_ops", ["ring", "auto"])
+def test_two_workers_match_one_replica(tmp_path, optimizer, cross_device_ops):
+  out = launch(tiny_flags(
+      optimizer=optimizer, learning_rate=lr(optimizer),
+      cross_device_ops=cross_device_ops, train_steps=STEPS,
+      batch_size_per_replica=GLOBAL_BATCH // 2, model_dir=str(tmp_path / "mw"),
+      weights_out="weights.npz"))
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  assert "launcher: all 2 workers succeeded." in out.stderr
+  assert "AutoShardPolicy" not in out.stdout  # the policy is explicit
+  # Only the chief wrote model_dir; worker 1's temp dir is gone.
+  assert sorted(os.listdir(tmp_path / "mw")) == ["summary.json", "weights.npz"]
+  summary = json.loads((tmp_path / "mw" / "summary.json").read_text())
+  assert summary["num_workers"] == 2 and summary["num_replicas"] == 2
+  assert summary["global_batch_size"] == GLOBAL_BATCH
+  assert summary["global_step"] == STEPS
+  ref = train.train(tiny_config(
+      strategy="one_device", optimizer=optimizer, learning_rate=lr(optimizer),
+      batch_size_per_replica=GLOBAL_BATCH, train_steps=STEPS,
+      model_dir=str(tmp_path / "ref")))
+  got = np.load(tmp_path / "mw" / "weights.npz")
+  assert len(got.files) == len(ref.weights)
+  for k, want in enumerate(ref.weights):
+    np.testing.assert_allclose(got[f"arr_{k}"], want, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(summary["final_loss"], ref.losses[-1], rtol=1e-5)
+  # A wrong reduction would move weights by far more than the tolerance.
+  diff = max(np.abs(got[f"arr_{k}"] - w).max()
+             for k, w in enumerate(ref.weights))
+  assert diff < 1e-5
+
+
+def _wait_for(proc_lines, pattern, deadline):
+  while time.monotonic() < deadline:
+    if any(pattern in line for line in proc_lines()):
+      return True
+    time.sleep(0.2)
+  return False
+
+
+def _start(cmd, log):
+  return subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=log,
+                          stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _kill(procs):
+  for p in procs:
+    if p.poll() is None:
+      os.killpg(p.pid, signal.SIGKILL)
+      p.wait(10)
+
+
+LONG = dict(train_steps=100000, steps_per_loop=5, log_every=5)
+
+
+def test_killed_worker_stops_its_peer(tmp_path):
+  ports = free_ports(2)
+  hosts = ",".join(f"127.0.0.1:{p}" for p in ports)
+  logs = [tmp_path / f"w{i}.log" for i in range(2)]
+  procs = []
+  try:
+    for i in range(2):
+      procs.append(_start(engine_cmd(
+          "--strategy=multi_worker", f"--worker_hosts={hosts}",
+          f"--task_index={i}", *tiny_flags(model_dir=str(tmp_path / "m"),
+                                           **LONG)), open(logs[i], "w")))
+    assert _wait_for(lambda: logs[1].read_text().splitlines(), "step 5/",
+                     time.monotonic() + 90), logs[1].read_text()[-2000:]
+    os.kill(procs[1].pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    code = procs[0].wait(90)
+    elapsed = time.monotonic() - killed_at
+    text = logs[0].read_text()
+    assert code != 0
+    assert elapsed < 90
+    assert f"lost task worker:1 (127.0.0.1:{ports[1]})" in text, text[-2000:]
+  finally:
+    _kill(procs)
+
+
+def test_launcher_reports_a_killed_worker(tmp_path):
+  log = tmp_path / "launch.log"
+  proc = _start([sys.executable, "-m", "engine.launch", "--num_workers=2",
+                 "--", *tiny_flags(model_dir=str(tmp_path / "m"), **LONG)],
+                open(log, "w"))
+  try:
+    assert _wait_for(lambda: log.read_text().splitlines(), "[worker 1] ",
+                     time.monotonic() + 30)
+    assert _wait_for(lambda: log.read_text().splitlines(), "step 5/",
+                     time.monotonic() + 90), log.read_text()[-2000:]
+    pid = int(next(line.split()[4].rstrip(":")
+                   for line in log.read_text().splitlines()
+                   if line.startswith("launcher: worker 1 pid")))
+    os.kill(pid, signal.SIGKILL)
+    code = proc.wait(60)
+    text = log.read_text()
+    assert code == 1
+    assert "launcher: worker 1 exited with code -9; stopped the others." in text
+  finally:
+    _kill([proc])
+
+
+def test_lone_worker_gives_up_after_init_timeout(tmp_path):
+  ports = free_ports(2)
+  hosts = ",".join(f"127.0.0.1:{p}" for p in ports)
+  start = time.monotonic()
+  out = subprocess.run(engine_cmd(
+      "--strategy=multi_worker", f"--worker_hosts={hosts}", "--task_index=0",
+      *tiny_flags(model_dir=str(tmp_path), init_timeout=5.0)),
+                       cwd=ROOT, env=ENV, capture_output=True, text=True,
+                       timeout=90, check=False)
+  # The watchdog process ends the worker with SIGTERM, then SIGKILL (see
+  # engine/watchdog.py): the worker is blocked in C++ holding the GIL.
+  assert out.returncode in (-signal.SIGTERM, -signal.SIGKILL)
+  assert time.monotonic() - start < 60
+  want = (f"error: --init_timeout=5: tasks worker:1 (127.0.0.1:{ports[1]}) "
+          "never joined the cluster.")
+  assert want in out.stderr.splitlines(), out.stderr[-2000:]
+
+
+def _cli_error(tmp_path, *flags, env=None):
+  out = subprocess.run(engine_cmd("--strategy=multi_worker", *flags,
+                                  f"--model_dir={tmp_path}"),
+                       cwd=ROOT, env=env or ENV, capture_output=True,
+                       text=True, timeout=60, check=False)
+  assert out.returncode == 2, out.stderr[-2000:]
+  errors = [l for l in out.stderr.splitlines() if l.startswith("error: ")]
+  assert len(errors) == 1, out.stderr[-2000:]
+  return errors[0]
+
+
+def test_port_in_use_is_one_line(tmp_path):
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    port = s.getsockname()[1]
+    other = free_ports(1)[0]
+    line = _cli_error(tmp_path, f"--worker_hosts=127.0.0.1:{port},"
+                      f"127.0.0.1:{other}", "--task_index=0")
+  assert line.startswith(f"error: this task's address 127.0.0.1:{port} "
+                         "cannot be bound (Address already in use)")
+
+
+def test_nccl_without_gpu_is_one_line(tmp_path):
+  line = _cli_error(tmp_path, "--worker_hosts=127.0.0.1:1,127.0.0.1:2",
+                    "--task_index=0", "--cross_device_ops=nccl")
+  assert line.startswith("error: --cross_device_ops=nccl: NCCL needs GPUs")
+
+
+def test_worker_hosts_and_tf_config_conflict(tmp_path):
+  env = dict(ENV, TF_CONFIG=json.dumps(
+      {"cluster": {"worker": ["127.0.0.1:1"]},
+       "task": {"type": "worker", "index": 0}}))
+  line = _cli_error(tmp_path, "--worker_hosts=127.0.0.1:1", "--task_index=0",
+                    env=env)
+  assert "conflicts with TF_CONFIG" in line
+
+
+@pytest.mark.parametrize("hosts,index,message", [
+    ("127.0.0.1:1,127.0.0.1:2", 2,
+     "--task_index=2: must be in 0..1 for 2 --worker_hosts."),
+    ("127.0.0.1:1,127.0.0.1:1", 0,
+     "--worker_hosts=127.0.0.1:1,127.0.0.1:1: lists 127.0.0.1:1 more than "
+     "once"),
+    ("127.0.0.1:1,no-such-host.invalid:2", 0,
+     "host 'no-such-host.invalid' does not resolve"),
+    ("127.0.0.1", 0, "'127.0.0.1' is not host:port"),
+    ("127.0.0.1:1,127.0.0.1:70000", 0, "'127.0.0.1:70000' is not host:port"),
+])
+def test_bad_worker_hosts(hosts, index, message):
+  config = tiny_config(strategy="multi_worker",
+                       worker_hosts=tuple(hosts.split(",")), task_index=index)
+  with pytest.raises(ConfigError, match=None) as e:
+    cluster.cluster_resolver(config, {})
+  assert message in str(e.value)
+
+
+def test_multi_worker_refuses_local_device_flags():
+  with pytest.raises(ConfigError, match="--cpu_devices=2: is not used"):
+    tiny_config(strategy="multi_worker", cpu_devices=2)
+
+
+def test_cluster_sources():
+  base = dict(strategy="multi_worker")
+  tf_config = json.dumps({"cluster": {"worker": ["a:1", "b:2"]},
+                          "task": {"type": "worker", "index": 1}})
+  r = cluster.cluster_resolver(tiny_config(**base), {"TF_CONFIG": tf_config})
+  assert (r.task_type, r.task_id) == ("worker", 1)
+  assert r.cluster_spec().as_dict() == {"worker": ["a:1", "b:2"]}
+  with pytest.raises(ConfigError, match="needs a cluster"):
+    cluster.cluster_resolver(tiny_config(**base), {})
+  with pytest.raises(ConfigError, match="needs --worker_hosts"):
+    cluster.cluster_resolver(tiny_config(task_index=0, **base), {})
+  with pytest.raises(ConfigError, match="SLURM step"):
+    cluster.cluster_resolver(tiny_config(**base), {
+        "TF_CONFIG": tf_config, "SLURM_PROCID": "0",
+        "SLURM_STEP_NUM_TASKS": "2"})
+  with pytest.raises(ConfigError, match="not in its cluster"):
+    cluster.cluster_resolver(tiny_config(**base), {"TF_CONFIG": json.dumps(
+        {"cluster": {"worker": ["a:1"]}, "task": {"type": "worker",
+                                                  "index": 3}})})
+
+
+def test_launcher_stops_all_on_ctrl_c(tmp_path):
+  log = tmp_path / "launch.log"
+  proc = _start([sys.executable, "-m", "engine.launch", "--num_workers=2",
+                 "--", *tiny_flags(model_dir=str(tmp_path / "m"), **LONG)],
+                open(log, "w"))
+  try:
+    assert _wait_for(lambda: log.read_text().splitlines(), "step 5/",
+                     time.monotonic() + 90), log.read_text()[-2000:]
+    pids = [int(line.split()[4].rstrip(":")) for line in log.read_text().splitlines()
+            if line.startswith("launcher: worker ") and " pid " in line]
+    assert len(pids) == 2
+    os.kill(proc.pid, signal.SIGINT)
+    assert proc.wait(30) == 128 + signal.SIGINT
+    for pid in pids:  # every worker was stopped (and reaped) by the launcher
+      with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+  finally:
+    _kill([proc])
