@@ -59,7 +59,9 @@ def test_two_workers_match_one_replica(tmp_path, optimizer, cross_device_ops):
   assert "launcher: all 2 workers succeeded." in out.stderr
   assert "AutoShardPolicy" not in out.stdout  # the policy is explicit
   # Only the chief wrote model_dir; worker 1's temp dir is gone.
-  assert sorted(os.listdir(tmp_path / "mw")) == ["summary.json", "weights.npz"]
+  assert sorted(os.listdir(tmp_path / "mw")) == [
+      "checkpoints", "summary.json", "weights.npz"]
+  assert f"ckpt-{STEPS}.index" in os.listdir(tmp_path / "mw" / "checkpoints")
   summary = json.loads((tmp_path / "mw" / "summary.json").read_text())
   assert summary["num_workers"] == 2 and summary["num_replicas"] == 2
   assert summary["global_batch_size"] == GLOBAL_BATCH

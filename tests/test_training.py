@@ -45,7 +45,7 @@ def test_epochs_set_the_step_count_with_a_partial_last_batch(tmp_path):
   assert result.summary["global_step"] == 6
   dropped = train.train(tiny_config(
       cpu_devices=2, synthetic_examples=37, train_steps=0, epochs=2,
-      drop_remainder=True, model_dir=str(tmp_path)))
+      drop_remainder=True, model_dir=str(tmp_path / "dropped")))
   assert dropped.summary["global_step"] == 4
 
 
