@@ -65,7 +65,7 @@ def run_engine(config):
 
   class Timer(hooks.Hook):
     def __init__(self):
-      self.start, self.examples = None, 0.0
+      self.start, self.stop, self.examples = None, None, 0.0
 
     def next_stop(self, step):
       return FLAGS.warmup if step < FLAGS.warmup else super().next_stop(step)
@@ -73,12 +73,13 @@ def run_engine(config):
     def after_loop(self, step, rows, seconds):
       if self.start is not None:
         self.examples += float(rows[:, 2].sum())
+        self.stop = time.perf_counter()
       if step == FLAGS.warmup:
         self.start = time.perf_counter()
 
   timer = Timer()
   train.train(config, extra_hooks=[timer])
-  return timer.examples / (time.perf_counter() - timer.start)
+  return timer.examples / (timer.stop - timer.start)
 
 
 def run_fit(config):

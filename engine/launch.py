@@ -121,11 +121,36 @@ def launch(num_workers: int, engine_flags, cpu_pinning: bool = False) -> int:
     _stop(procs)
 
 
+def launch_with_restarts(num_workers: int, engine_flags, cpu_pinning: bool,
+                         max_restarts: int) -> int:
+  """Restarts all workers when one fails, up to `max_restarts` times.
+
+  Workers resume from the latest checkpoint in --model_dir, so a restart costs
+  at most the steps since that checkpoint. Ctrl-C/SIGTERM never restarts.
+  """
+  for attempt in range(max_restarts + 1):
+    code = launch(num_workers, engine_flags, cpu_pinning)
+    if code == 0 or code >= 128 or code == 2:
+      return code
+    if attempt < max_restarts:
+      print(f"launcher: restart {attempt + 1}/{max_restarts}: starting all "
+            f"{num_workers} workers again from the latest checkpoint.",
+            file=sys.stderr, flush=True)
+  if max_restarts:
+    print(f"launcher: giving up: workers still failing after {max_restarts} "
+          "restart(s).", file=sys.stderr, flush=True)
+  return code
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(
       prog="python -m engine.launch",
-      usage="%(prog)s --num_workers=N [--cpu_pinning] -- <engine flags>")
+      usage="%(prog)s --num_workers=N [--max_restarts=K] [--cpu_pinning] "
+      "-- <engine flags>")
   parser.add_argument("--num_workers", type=int, required=True)
+  parser.add_argument("--max_restarts", type=int, default=0,
+                      help="restart all workers this many times when one "
+                      "fails; they resume from the latest checkpoint")
   parser.add_argument("--cpu_pinning", action="store_true",
                       help="pin worker i to the i-th core this process may use")
   argv = sys.argv[1:] if argv is None else argv
@@ -134,10 +159,13 @@ def main(argv=None) -> int:
   args = parser.parse_args(ours)
   if args.num_workers < 1:
     parser.error(f"--num_workers={args.num_workers}: must be at least 1.")
+  if args.max_restarts < 0:
+    parser.error(f"--max_restarts={args.max_restarts}: must be >= 0.")
   for f in engine_flags:
     if f.split("=")[0] in ("--strategy", "--worker_hosts", "--task_index"):
       parser.error(f"{f}: the launcher sets this flag itself; drop it.")
-  return launch(args.num_workers, engine_flags, args.cpu_pinning)
+  return launch_with_restarts(args.num_workers, engine_flags,
+                              args.cpu_pinning, args.max_restarts)
 
 
 if __name__ == "__main__":

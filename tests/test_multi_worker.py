@@ -270,3 +270,62 @@ def test_launcher_stops_all_on_ctrl_c(tmp_path):
         os.kill(pid, 0)
   finally:
     _kill([proc])
+
+
+def test_two_workers_resume_exactly(tmp_path):
+  """Interrupted at step 4 and resumed equals 8 uninterrupted steps."""
+  kw = dict(optimizer="adam", learning_rate=lr("adam"),
+            batch_size_per_replica=GLOBAL_BATCH // 2, weights_out="w.npz")
+  whole = launch(tiny_flags(train_steps=8, model_dir=str(tmp_path / "a"), **kw))
+  assert whole.returncode == 0, whole.stdout[-3000:]
+  part = launch(tiny_flags(train_steps=4, model_dir=str(tmp_path / "b"), **kw))
+  assert part.returncode == 0, part.stdout[-3000:]
+  rest = launch(tiny_flags(train_steps=8, model_dir=str(tmp_path / "b"), **kw))
+  assert rest.returncode == 0, rest.stdout[-3000:]
+  summary = json.loads((tmp_path / "b" / "summary.json").read_text())
+  assert summary["start_step"] == 4 and summary["global_step"] == 8
+  want = np.load(tmp_path / "a" / "w.npz")
+  got = np.load(tmp_path / "b" / "w.npz")
+  for key in want.files:
+    np.testing.assert_allclose(got[key], want[key], rtol=0, atol=1e-6)
+
+
+def test_launcher_restarts_after_a_lost_worker(tmp_path):
+  log = tmp_path / "launch.log"
+  model_dir = tmp_path / "m"
+  proc = _start([sys.executable, "-m", "engine.launch", "--num_workers=2",
+                 "--max_restarts=1", "--",
+                 *tiny_flags(model_dir=str(model_dir), train_steps=30,
+                             steps_per_loop=1, log_every=1),
+                 "--checkpoint_every=3"], open(log, "w"))
+  try:
+    assert _wait_for(lambda: log.read_text().splitlines(), "step 9/",
+                     time.monotonic() + 90), log.read_text()[-2000:]
+    pid = int(next(line.split()[4].rstrip(":")
+                   for line in log.read_text().splitlines()
+                   if line.startswith("launcher: worker 1 pid")))
+    os.kill(pid, signal.SIGKILL)
+    code = proc.wait(150)
+    text = log.read_text()
+    assert code == 0, text[-3000:]
+    assert "launcher: restart 1/1" in text
+    summary = json.loads((model_dir / "summary.json").read_text())
+    assert summary["global_step"] == 30
+    assert summary["start_step"] >= 3 and summary["start_step"] % 3 == 0
+  finally:
+    _kill([proc])
+
+
+def test_launcher_gives_up_after_max_restarts(tmp_path):
+  # Divergence fails every attempt (exit 4); bad flags (exit 2) never restart.
+  out = subprocess.run(
+      [sys.executable, "-m", "engine.launch", "--num_workers=2",
+       "--max_restarts=1", "--",
+       *tiny_flags(model_dir=str(tmp_path / "m"), optimizer="sgd",
+                   learning_rate=1e6, train_steps=200, steps_per_loop=1)],
+      cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=150)
+  assert out.returncode == 1
+  assert out.stderr.count("launcher: restart 1/1") == 1
+  assert "launcher: giving up: workers still failing after 1 restart(s)." in (
+      out.stderr)
+  assert "training diverged" in out.stdout
