@@ -4,6 +4,7 @@ The only module that defines or reads flags. It validates them into a frozen
 `Config`, sets up the host before TensorFlow runs any op, and calls
 `engine.train.train`. Bad input ends with one line on stderr and exit code 2.
 """
+import dataclasses
 import signal
 import sys
 
@@ -14,8 +15,8 @@ from absl import logging
 from engine import config as config_lib
 from engine.errors import ConfigError
 
-_D = config_lib.Config  # defaults live in the dataclass, not here
-_DEF = {f.name: f.default for f in __import__("dataclasses").fields(_D)}
+# Defaults live in the dataclass, not here.
+_DEF = {f.name: f.default for f in dataclasses.fields(config_lib.Config)}
 
 flags.DEFINE_enum("strategy", _DEF["strategy"], config_lib.STRATEGIES,
                   "tf.distribute strategy.")
@@ -71,7 +72,7 @@ flags.DEFINE_integer("steps_per_loop", _DEF["steps_per_loop"],
 flags.DEFINE_integer("log_every", _DEF["log_every"],
                      "Log a progress line every N steps.")
 flags.DEFINE_string("model_dir", _DEF["model_dir"],
-                    "Where summary.json (and later checkpoints) go.")
+                    "Where summary.json and checkpoints/ go (chief only).")
 flags.DEFINE_string("weights_out", _DEF["weights_out"],
                     "If set, the chief saves the final trainable weights to "
                     "this .npz file name inside --model_dir.")
