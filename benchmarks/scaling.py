@@ -45,7 +45,8 @@ def single(args, cores, tmp):
   """One one_device process per core, all at the same time; examples/s each."""
   procs, dirs = [], []
   for k, core in enumerate(cores):
-    d = os.path.join(tmp, f"single_{len(cores)}_{k}")
+    # A fresh directory per run: a reused one would resume from checkpoints.
+    d = tempfile.mkdtemp(prefix=f"single_{len(cores)}_{k}_", dir=tmp)
     dirs.append(d)
     procs.append(subprocess.Popen(
         [sys.executable, "-m", "engine.main", "--strategy=one_device",
@@ -58,7 +59,7 @@ def single(args, cores, tmp):
 
 
 def launched(args, tmp):
-  d = os.path.join(tmp, "launched")
+  d = tempfile.mkdtemp(prefix="launched_", dir=tmp)
   code = subprocess.run(
       [sys.executable, "-m", "engine.launch", "--num_workers=2",
        "--cpu_pinning", "--", f"--cross_device_ops={args.cross_device_ops}",
