@@ -22,7 +22,7 @@ from typing import Dict, List, Optional
 from absl import logging
 import tensorflow as tf
 
-from engine import devices
+from engine import devices, watchdog
 from engine.config import Config
 from engine.errors import ConfigError, flag_error
 
@@ -177,15 +177,6 @@ def check_own_address(address: str) -> None:
                         "not an address of this machine.") from e
 
 
-def _accepts(address: str, timeout: float = 1.0) -> bool:
-  host, _, port = address.rpartition(":")
-  try:
-    with socket.create_connection((host.strip("[]"), int(port)), timeout):
-      return True
-  except OSError:
-    return False
-
-
 class Watchdog:
   """Handle on the watchdog process (engine/watchdog.py, which explains why).
 
@@ -238,7 +229,7 @@ def failure_line(error: Exception, collective_timeout: float) -> str:
            re.findall(r"/job:(\w+)/replica:\d+/task:(\d+)", text)]
   lost = [t for t in dict.fromkeys(named) if t in peers]
   if not lost:
-    lost = [t for t, a in peers.items() if not _accepts(a)]
+    lost = [t for t, a in peers.items() if not watchdog.accepts(a)]
   first = text.strip().splitlines()[-1] if text.strip() else type(error).__name__
   if lost:
     return f"lost task {_names(lost, peers)}; a collective failed: {first}"

@@ -100,6 +100,15 @@ def _latest_step(model_dir):
   return int(latest.rsplit("-", 1)[1]) if latest else None
 
 
+def _resume_to(model_dir, train_steps):
+  """Runs the engine again in `model_dir` to `train_steps`; its summary."""
+  done = subprocess.run(engine_cmd(*TINY, f"--train_steps={train_steps}",
+                                   f"--model_dir={model_dir}"),
+                        cwd=ROOT, capture_output=True, text=True, timeout=180)
+  assert done.returncode == 0, done.stderr[-2000:]
+  return json.loads((model_dir / "summary.json").read_text())
+
+
 def test_sigterm_saves_at_the_step_reached_and_resume_finishes(tmp_path):
   proc = _start("--train_steps=100000", "--steps_per_loop=2",
                 f"--model_dir={tmp_path}")
@@ -109,11 +118,7 @@ def test_sigterm_saves_at_the_step_reached_and_resume_finishes(tmp_path):
   assert code == checkpoint.PREEMPTED_EXIT_CODE, err[-2000:]
   reached = int(err.split("SIGTERM at step ")[1].split(";")[0])
   assert reached >= 10 and _latest_step(tmp_path) == reached
-  done = subprocess.run(engine_cmd(*TINY, f"--train_steps={reached + 6}",
-                                   f"--model_dir={tmp_path}"),
-                        cwd=ROOT, capture_output=True, text=True, timeout=180)
-  assert done.returncode == 0, done.stderr[-2000:]
-  summary = json.loads((tmp_path / "summary.json").read_text())
+  summary = _resume_to(tmp_path, reached + 6)
   assert summary["start_step"] == reached
   assert summary["global_step"] == reached + 6
 
@@ -130,11 +135,7 @@ def test_sigkill_while_saving_leaves_a_restorable_latest(tmp_path, delay):
   _finish(proc)
   saved = _latest_step(tmp_path)
   assert saved is not None and saved >= 4
-  done = subprocess.run(engine_cmd(*TINY, f"--train_steps={saved + 3}",
-                                   f"--model_dir={tmp_path}"),
-                        cwd=ROOT, capture_output=True, text=True, timeout=180)
-  assert done.returncode == 0, done.stderr[-2000:]
-  summary = json.loads((tmp_path / "summary.json").read_text())
+  summary = _resume_to(tmp_path, saved + 3)
   assert summary["start_step"] == saved
   assert summary["global_step"] == saved + 3
 

@@ -129,6 +129,13 @@ def test_killed_worker_stops_its_peer(tmp_path):
     _kill(procs)
 
 
+def _launched_pid(log, index):
+  """The pid the launcher printed for worker `index`."""
+  return int(next(line.split()[4].rstrip(":")
+                  for line in log.read_text().splitlines()
+                  if line.startswith(f"launcher: worker {index} pid")))
+
+
 def test_launcher_reports_a_killed_worker(tmp_path):
   log = tmp_path / "launch.log"
   proc = _start([sys.executable, "-m", "engine.launch", "--num_workers=2",
@@ -139,9 +146,7 @@ def test_launcher_reports_a_killed_worker(tmp_path):
                      time.monotonic() + 30)
     assert _wait_for(lambda: log.read_text().splitlines(), "step 5/",
                      time.monotonic() + 90), log.read_text()[-2000:]
-    pid = int(next(line.split()[4].rstrip(":")
-                   for line in log.read_text().splitlines()
-                   if line.startswith("launcher: worker 1 pid")))
+    pid = _launched_pid(log, 1)
     os.kill(pid, signal.SIGKILL)
     code = proc.wait(60)
     text = log.read_text()
@@ -301,9 +306,7 @@ def test_launcher_restarts_after_a_lost_worker(tmp_path):
   try:
     assert _wait_for(lambda: log.read_text().splitlines(), "step 9/",
                      time.monotonic() + 90), log.read_text()[-2000:]
-    pid = int(next(line.split()[4].rstrip(":")
-                   for line in log.read_text().splitlines()
-                   if line.startswith("launcher: worker 1 pid")))
+    pid = _launched_pid(log, 1)
     os.kill(pid, signal.SIGKILL)
     code = proc.wait(150)
     text = log.read_text()
