@@ -12,7 +12,6 @@ saving leaves the previous checkpoint as the latest.
 """
 import json
 import os
-import signal
 
 from absl import logging
 import tensorflow as tf
@@ -108,33 +107,29 @@ class Checkpointer:
 
 
 class CheckpointHook(Hook):
-  """Saves every `--checkpoint_every` steps, at the end, and on SIGTERM/SIGINT."""
+  """Saves every `--checkpoint_every` steps, at the end, and on preemption.
 
-  def __init__(self, checkpointer: Checkpointer, every_steps: int):
+  Preemption (SIGTERM/SIGINT on any worker) is decided by `stop`, an
+  `engine.preemption.StopAgreement`, after every host call on every worker,
+  so all workers save at the same step.
+  """
+
+  def __init__(self, checkpointer: Checkpointer, every_steps: int, stop):
     self._checkpointer = checkpointer
     self._every = every_steps
-    self._signal = None
+    self._stop = stop
     self._last_saved = None
-    self._previous = {}
-    for sig in (signal.SIGTERM, signal.SIGINT):
-      self._previous[sig] = signal.signal(sig, self._on_signal)
-
-  def _on_signal(self, signum, frame):
-    del frame
-    # Only note it: the save happens between host calls, at a whole step.
-    self._signal = signum
 
   def next_stop(self, step):
     return every(self._every, step)
 
   def after_loop(self, step, rows, seconds):
-    if self._every and step % self._every == 0:
+    reason = self._stop.should_stop(step)
+    if (self._every and step % self._every == 0) or reason:
       self._save(step)
-    if self._signal is not None:
-      if self._last_saved != step:
-        self._save(step)
-      raise Preempted(f"{signal.Signals(self._signal).name} at step {step}; "
-                      f"checkpoint saved, exit code {PREEMPTED_EXIT_CODE}.")
+    if reason:
+      raise Preempted(f"{reason} at step {step}; checkpoint saved, exit code "
+                      f"{PREEMPTED_EXIT_CODE}.")
 
   def end(self, summary):
     if self._last_saved != summary["global_step"]:
@@ -145,5 +140,4 @@ class CheckpointHook(Hook):
     self._last_saved = step
 
   def close(self):
-    for sig, handler in self._previous.items():
-      signal.signal(sig, handler)
+    self._stop.close()

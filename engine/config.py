@@ -56,6 +56,8 @@ class Config:
   checkpoint_every: int = 0  # steps; 0 = only at the end
   keep_checkpoints: int = 5
   allow_resume_change: bool = False
+  # Preemption (issue 4): exchange the stop flag after every host call.
+  preemption_sync: bool = True
 
   def __post_init__(self):
     self.validate()

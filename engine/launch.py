@@ -2,9 +2,17 @@
 
 Starts N `engine.main` workers on this host, on free loopback ports, with the
 right `--task_index`; prefixes every output line with `[worker i] `; stops all
-workers and exits non-zero as soon as one fails; stops all on Ctrl-C or
-SIGTERM; exits 0 only when every worker succeeded. This is a standalone
-command with its own small argument parser, not an engine flag module.
+workers and exits non-zero as soon as one fails; exits 0 only when every
+worker succeeded. This is a standalone command with its own small argument
+parser, not an engine flag module.
+
+Preemption (README, "Checkpoints, resume, preemption"): SIGTERM or Ctrl-C to
+the launcher is forwarded as SIGTERM to every worker; a worker that gets a
+SIGTERM (from us or from outside) makes all workers save a checkpoint at the
+same step and exit with 75. The launcher waits up to `--preempt_timeout`
+seconds for all of them and then exits with 75 itself, never restarting: a
+preemption asks for the machines back, and whoever sent it (a scheduler, a
+cloud VM's shutdown) runs the job again later, which resumes.
 """
 import argparse
 import os
@@ -17,6 +25,9 @@ import time
 
 # How long stopped workers get to exit after SIGTERM before SIGKILL.
 _GRACE_SECONDS = 10.0
+# A worker's exit status after a coordinated preemption checkpoint (the
+# engine's checkpoint.PREEMPTED_EXIT_CODE; not imported: that pulls in TF).
+PREEMPTED = 75
 
 
 def free_ports(n: int, host: str = "127.0.0.1"):
@@ -63,7 +74,41 @@ def _stop(procs):
       p.wait(5)
 
 
-def launch(num_workers: int, engine_flags, cpu_pinning: bool = False) -> int:
+def _wait_all(procs, timeout: float, interrupted):
+  """Exit codes once all workers ended, None for those still running after
+  `timeout` seconds or a further signal to the launcher."""
+  deadline, seen = time.monotonic() + timeout, len(interrupted)
+  while (time.monotonic() < deadline and len(interrupted) == seen and
+         any(p.poll() is None for p in procs)):
+    time.sleep(0.2)
+  return [p.poll() for p in procs]
+
+
+def _preempted(procs, pumps, timeout: float, interrupted, cause: str) -> int:
+  """Waits for every worker's preemption checkpoint; 75 if all saved one."""
+  print(f"launcher: {cause}; waiting up to {timeout:g} s for every worker to "
+        "save a checkpoint.", file=sys.stderr, flush=True)
+  codes = _wait_all(procs, timeout, interrupted)
+  _stop(procs)
+  for t in pumps:
+    t.join(2)
+  if all(c == PREEMPTED for c in codes):
+    print(f"launcher: all {len(procs)} workers saved a checkpoint at the same "
+          f"step; exiting with {PREEMPTED}. Run the same command again to "
+          "resume.", file=sys.stderr, flush=True)
+    return PREEMPTED
+  if all(c == 0 for c in codes):  # the run ended before the stop took effect
+    print(f"launcher: all {len(procs)} workers succeeded.", file=sys.stderr,
+          flush=True)
+    return 0
+  print(f"launcher: preemption failed, worker exit codes {codes} (None: "
+        f"still running after {timeout:g} s, then killed); the latest "
+        "checkpoint may be older.", file=sys.stderr, flush=True)
+  return 128 + interrupted[0] if interrupted else 1
+
+
+def launch(num_workers: int, engine_flags, cpu_pinning: bool = False,
+           preempt_timeout: float = 60.0) -> int:
   """Runs the workers to completion; returns the launcher's exit code."""
   ports = free_ports(num_workers)
   cores = sorted(os.sched_getaffinity(0))
@@ -94,11 +139,18 @@ def launch(num_workers: int, engine_flags, cpu_pinning: bool = False) -> int:
   try:
     while True:
       if interrupted:
-        print(f"launcher: got signal {interrupted[0]}, stopping all workers.",
-              file=sys.stderr, flush=True)
-        _stop(procs)
-        return 128 + interrupted[0]
+        # SIGTERM to each worker process only (not its group: the worker's
+        # watchdog must keep running until the worker has agreed to stop).
+        for p in procs:
+          if p.poll() is None:
+            os.kill(p.pid, signal.SIGTERM)
+        return _preempted(procs, pumps, preempt_timeout, interrupted,
+                          f"got signal {interrupted[0]}, forwarded SIGTERM "
+                          "to all workers")
       codes = [p.poll() for p in procs]
+      if PREEMPTED in codes:
+        return _preempted(procs, pumps, preempt_timeout, interrupted,
+                          f"worker {codes.index(PREEMPTED)} was preempted")
       failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
       if failed:
         i, code = failed[0]
@@ -122,15 +174,17 @@ def launch(num_workers: int, engine_flags, cpu_pinning: bool = False) -> int:
 
 
 def launch_with_restarts(num_workers: int, engine_flags, cpu_pinning: bool,
-                         max_restarts: int) -> int:
+                         max_restarts: int, preempt_timeout: float = 60.0
+                         ) -> int:
   """Restarts all workers when one fails, up to `max_restarts` times.
 
   Workers resume from the latest checkpoint in --model_dir, so a restart costs
-  at most the steps since that checkpoint. Ctrl-C/SIGTERM never restarts.
+  at most the steps since that checkpoint. A preemption (75), Ctrl-C/SIGTERM
+  or bad flags (2) never restart.
   """
   for attempt in range(max_restarts + 1):
-    code = launch(num_workers, engine_flags, cpu_pinning)
-    if code == 0 or code >= 128 or code == 2:
+    code = launch(num_workers, engine_flags, cpu_pinning, preempt_timeout)
+    if code in (0, 2, PREEMPTED) or code >= 128:
       return code
     if attempt < max_restarts:
       print(f"launcher: restart {attempt + 1}/{max_restarts}: starting all "
@@ -145,12 +199,17 @@ def launch_with_restarts(num_workers: int, engine_flags, cpu_pinning: bool,
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(
       prog="python -m engine.launch",
-      usage="%(prog)s --num_workers=N [--max_restarts=K] [--cpu_pinning] "
+      usage="%(prog)s --num_workers=N [--max_restarts=K] [--preempt_timeout=S] "
+      "[--cpu_pinning] "
       "-- <engine flags>")
   parser.add_argument("--num_workers", type=int, required=True)
   parser.add_argument("--max_restarts", type=int, default=0,
                       help="restart all workers this many times when one "
                       "fails; they resume from the latest checkpoint")
+  parser.add_argument("--preempt_timeout", type=float, default=60.0,
+                      help="after a SIGTERM/SIGINT, seconds to wait for every "
+                      "worker to save its preemption checkpoint before "
+                      "killing them")
   parser.add_argument("--cpu_pinning", action="store_true",
                       help="pin worker i to the i-th core this process may use")
   argv = sys.argv[1:] if argv is None else argv
@@ -161,11 +220,15 @@ def main(argv=None) -> int:
     parser.error(f"--num_workers={args.num_workers}: must be at least 1.")
   if args.max_restarts < 0:
     parser.error(f"--max_restarts={args.max_restarts}: must be >= 0.")
+  if not args.preempt_timeout > 0:
+    parser.error(f"--preempt_timeout={args.preempt_timeout:g}: must be "
+                 "positive.")
   for f in engine_flags:
     if f.split("=")[0] in ("--strategy", "--worker_hosts", "--task_index"):
       parser.error(f"{f}: the launcher sets this flag itself; drop it.")
   return launch_with_restarts(args.num_workers, engine_flags,
-                              args.cpu_pinning, args.max_restarts)
+                              args.cpu_pinning, args.max_restarts,
+                              args.preempt_timeout)
 
 
 if __name__ == "__main__":

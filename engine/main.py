@@ -84,6 +84,11 @@ flags.DEFINE_integer("keep_checkpoints", _DEF["keep_checkpoints"],
 flags.DEFINE_boolean("allow_resume_change", _DEF["allow_resume_change"],
                      "Resume even if the replica count or global batch "
                      "differs from the checkpointed run.")
+# Preemption (issue 4).
+flags.DEFINE_boolean("preemption_sync", _DEF["preemption_sync"],
+                     "After every host call, agree with all workers whether "
+                     "one got SIGTERM/SIGINT, so all save at the same step. "
+                     "Turn off only to measure what the agreement costs.")
 
 FLAGS = flags.FLAGS
 

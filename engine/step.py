@@ -80,3 +80,31 @@ def make_train_loop(strategy: tf.distribute.Strategy,
     return history.stack()
 
   return train_loop
+
+
+def make_stop_exchange(strategy: tf.distribute.Strategy,
+                       config: Config) -> Callable:
+  """Compiles the per-host-call exchange of the "stop requested" flag.
+
+  Separate from the train loop and called once per host call, never per step
+  (see engine/preemption.py). Every replica contributes its host's flag to
+  one SUM all-reduce, so the result is positive on every worker as soon as
+  any worker asked to stop. (`ReduceOp` has no MAX; a sum > 0 is the same.)
+
+  Returns:
+    exchange(flag) -> float32 scalar: `flag` (0 or 1) summed over all replicas.
+  """
+  options = communication_options(config)
+
+  def replica_flag(flag):
+    # The identity places the replica's copy on its device; the collective
+    # refuses a value that lives on no replica device.
+    return tf.distribute.get_replica_context().all_reduce(
+        _SUM, tf.identity(flag), options=options)
+
+  @tf.function
+  def exchange(flag):
+    total = strategy.run(replica_flag, args=(flag,))
+    return strategy.experimental_local_results(total)[0]
+
+  return exchange

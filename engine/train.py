@@ -15,7 +15,7 @@ import tensorflow as tf
 
 import data
 import models
-from engine import checkpoint, cluster, devices, hooks, step
+from engine import checkpoint, cluster, devices, hooks, preemption, step
 from engine.config import Config
 from engine.errors import flag_error
 from engine.optimizers import create_optimizer
@@ -112,7 +112,9 @@ def train(config: Config, extra_hooks=()) -> Result:
   train_loop = step.make_train_loop(
       strategy, step.make_replica_step(model, optimizer, config))
 
-  ckpt_hook = checkpoint.CheckpointHook(checkpointer, config.checkpoint_every)
+  ckpt_hook = checkpoint.CheckpointHook(
+      checkpointer, config.checkpoint_every,
+      preemption.StopAgreement(strategy, config))
   hook_list = [hooks.LogHook(config.log_every, total_steps), *extra_hooks,
                ckpt_hook]
   try:

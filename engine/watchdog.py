@@ -39,6 +39,10 @@ def main(argv):
   parent, init_timeout = int(argv[1]), float(argv[2])
   probe_seconds, probe_failures = float(argv[3]), int(argv[4])
   peers = json.loads(argv[5])
+  # A SIGTERM/Ctrl-C sent to the whole process group is for the worker, which
+  # goes on to agree on a preemption step and save; we end when it ends (EOF).
+  for sig in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(sig, signal.SIG_IGN)
   joined, stopped = threading.Event(), threading.Event()
 
   def read_parent():

@@ -1,0 +1,83 @@
+"""Coordinated preemption: a SIGTERM/SIGINT stops every worker at the same step.
+
+A signal only sets a flag on the process that got it: the handler cannot save,
+it may run in the middle of a host call. After every host call all workers
+exchange their flags in one tiny all-reduce (`step.make_stop_exchange`), so at
+the same host-call boundary every worker learns whether any of them was
+signalled, and all of them save a checkpoint at that step and exit with 75.
+It does not matter which worker got the signal, or whether several got it at
+slightly different times: a signal noted before a worker's k-th exchange
+stops everyone after host call k, one noted later after host call k + 1.
+
+The k-th exchange of every worker is the same collective because host calls
+are aligned: every worker computes the same schedule (`Hook.next_stop`
+depends only on the step and the config, and all resume from the chief's
+checkpoint). On one_device and mirrored the same exchange sums the local
+replicas' copies of the one flag, so the agreement is local and the code path
+the same.
+
+Why not `tf.distribute.experimental.PreemptionCheckpointHandler`: it counts
+its own `run` calls (one step each; ours run a variable number of steps), adds
+its own counter variable to the checkpoint, writes through its own
+CheckpointManagers (`max_to_keep=1`, its own non-chief directories, no
+`run.json`), handles SIGTERM but not SIGINT, and exits the process from inside
+the save. Matching all that to this loop would be more code than the
+exchange, which costs one scalar all-reduce per host call (measured in
+README).
+"""
+import signal
+from typing import Optional
+
+from absl import logging
+import tensorflow as tf
+
+from engine import cluster, step
+from engine.config import Config
+
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class StopAgreement:
+  """Notes SIGTERM/SIGINT and agrees with all workers when to act on it.
+
+  Create it before the first host call and `close()` it after the last: while
+  it exists the signals are only noted (the previous handlers come back on
+  close).
+  """
+
+  def __init__(self, strategy: tf.distribute.Strategy, config: Config):
+    # --nopreemption_sync skips the exchange: each worker then acts on its own
+    # signal alone (only for measuring the exchange's cost; see README).
+    self._exchange = (step.make_stop_exchange(strategy, config)
+                      if config.preemption_sync else None)
+    self._signal = None
+    self._previous = {s: signal.signal(s, self._on_signal) for s in _SIGNALS}
+
+  def _on_signal(self, signum, frame):
+    del frame
+    self._signal = signum
+
+  def should_stop(self, step_reached: int) -> Optional[str]:
+    """Called by every worker after every host call, at the same boundary.
+
+    Returns:
+      None to go on, else why all workers stop at `step_reached`: the signal's
+      name where it arrived, "stop requested by another worker" elsewhere.
+    """
+    local = 0.0 if self._signal is None else 1.0
+    total = (local if self._exchange is None else
+             float(self._exchange(tf.constant(local, tf.float32))))
+    if total == 0.0:
+      return None
+    # No collective follows, only the save: peers may now exit in any order
+    # without the watchdog taking one that is still saving for a lost task.
+    cluster.stop_watchdog()
+    reason = (signal.Signals(self._signal).name if local else
+              "stop requested by another worker")
+    logging.info("Preemption: %s; every worker saves a checkpoint at step %d.",
+                 reason, step_reached)
+    return reason
+
+  def close(self) -> None:
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
