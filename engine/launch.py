@@ -150,7 +150,8 @@ def launch(num_workers: int, engine_flags, cpu_pinning: bool = False,
       codes = [p.poll() for p in procs]
       if PREEMPTED in codes:
         return _preempted(procs, pumps, preempt_timeout, interrupted,
-                          f"worker {codes.index(PREEMPTED)} was preempted")
+                          f"worker {codes.index(PREEMPTED)} exited with "
+                          f"{PREEMPTED} (preempted)")
       failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
       if failed:
         i, code = failed[0]

@@ -269,30 +269,13 @@ def test_launcher_stops_all_on_ctrl_c(tmp_path):
             if line.startswith("launcher: worker ") and " pid " in line]
     assert len(pids) == 2
     os.kill(proc.pid, signal.SIGINT)
-    assert proc.wait(30) == 128 + signal.SIGINT
+    # Forwarded as SIGTERM: both save a checkpoint (tests/test_preemption.py).
+    assert proc.wait(60) == 75, log.read_text()[-3000:]
     for pid in pids:  # every worker was stopped (and reaped) by the launcher
       with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
   finally:
     _kill([proc])
-
-
-def test_two_workers_resume_exactly(tmp_path):
-  """Interrupted at step 4 and resumed equals 8 uninterrupted steps."""
-  kw = dict(optimizer="adam", learning_rate=lr("adam"),
-            batch_size_per_replica=GLOBAL_BATCH // 2, weights_out="w.npz")
-  whole = launch(tiny_flags(train_steps=8, model_dir=str(tmp_path / "a"), **kw))
-  assert whole.returncode == 0, whole.stdout[-3000:]
-  part = launch(tiny_flags(train_steps=4, model_dir=str(tmp_path / "b"), **kw))
-  assert part.returncode == 0, part.stdout[-3000:]
-  rest = launch(tiny_flags(train_steps=8, model_dir=str(tmp_path / "b"), **kw))
-  assert rest.returncode == 0, rest.stdout[-3000:]
-  summary = json.loads((tmp_path / "b" / "summary.json").read_text())
-  assert summary["start_step"] == 4 and summary["global_step"] == 8
-  want = np.load(tmp_path / "a" / "w.npz")
-  got = np.load(tmp_path / "b" / "w.npz")
-  for key in want.files:
-    np.testing.assert_allclose(got[key], want[key], rtol=0, atol=1e-6)
 
 
 def test_launcher_restarts_after_a_lost_worker(tmp_path):

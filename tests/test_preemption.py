@@ -1,0 +1,143 @@
+"""Coordinated preemption: every replica and worker saves at the same step.
+
+In-process tests cover the flag exchange and the local (mirrored) agreement;
+the launcher tests run 2 real workers and interrupt them mid-run, then resume
+and compare with a run that was never interrupted.
+"""
+import json
+import os
+import re
+import signal
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import tiny_config
+from engine import checkpoint, devices, hooks, step, train
+from test_multi_worker import (_kill, _launched_pid, _start, _wait_for, launch,
+                               lr, tiny_flags)
+
+# Long enough that the interrupted runs stop well before it (they reach about
+# step 60-80 on 2 loaded cores), short enough to train in a few seconds.
+TOTAL = 400
+FLAGS = dict(optimizer="adam", learning_rate=lr("adam"), steps_per_loop=5,
+             log_every=5, weights_out="w.npz")
+
+
+@pytest.mark.parametrize("kw,replicas", [
+    (dict(strategy="one_device"), 1), (dict(cpu_devices=2), 2),
+    (dict(cpu_devices=4, cross_device_ops="ring"), 4)])
+def test_stop_exchange_sums_every_replica(kw, replicas):
+  config = tiny_config(**kw)
+  exchange = step.make_stop_exchange(devices.make_strategy(config), config)
+  assert float(exchange(tf.constant(0.0))) == 0.0
+  assert float(exchange(tf.constant(1.0))) == replicas
+
+
+class _SignalAt(hooks.Hook):
+  """Sends this process `signum` after the host call that ends at `at`."""
+
+  def __init__(self, at, signum):
+    self._at, self._signum = at, signum
+
+  def after_loop(self, step, rows, seconds):
+    if step == self._at:
+      os.kill(os.getpid(), self._signum)
+
+
+@pytest.mark.parametrize("signum,sync", [(signal.SIGTERM, True),
+                                         (signal.SIGINT, False)])
+def test_signal_on_mirrored_saves_at_the_boundary_reached(tmp_path, signum,
+                                                          sync):
+  before = signal.getsignal(signum)
+  # Host calls end at steps 1, 4, 7, ...: the signal after step 4 is acted on
+  # at that same boundary, on both replicas.
+  with pytest.raises(checkpoint.Preempted,
+                     match=f"{signal.Signals(signum).name} at step 4; "):
+    train.train(tiny_config(cpu_devices=2, train_steps=30,
+                            preemption_sync=sync, model_dir=str(tmp_path)),
+                extra_hooks=[_SignalAt(4, signum)])
+  latest = tf.train.latest_checkpoint(str(tmp_path / "checkpoints"))
+  assert latest.endswith("ckpt-4")
+  assert signal.getsignal(signum) is before  # handlers given back
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+  """Final weights of a 2-worker run of TOTAL steps that nothing stopped."""
+  model_dir = tmp_path_factory.mktemp("whole")
+  out = launch(tiny_flags(train_steps=TOTAL, model_dir=str(model_dir),
+                          **FLAGS))
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  return np.load(model_dir / "w.npz")
+
+
+def _preempt(tmp_path, target):
+  """Starts 2 workers, SIGTERMs `target` mid-run; (log text, exit code)."""
+  log, model_dir = tmp_path / "launch.log", tmp_path / "m"
+  # --max_restarts=1: a preemption must still not restart.
+  proc = _start([sys.executable, "-m", "engine.launch", "--num_workers=2",
+                 "--max_restarts=1", "--",
+                 *tiny_flags(train_steps=100000, model_dir=str(model_dir),
+                             **FLAGS)], open(log, "w"))
+  try:
+    assert _wait_for(lambda: log.read_text().splitlines(), "step 10/",
+                     time.monotonic() + 120), log.read_text()[-3000:]
+    os.kill(proc.pid if target == "launcher" else _launched_pid(log, 1),
+            signal.SIGTERM)
+    code = proc.wait(120)
+  finally:
+    _kill([proc])
+  return log.read_text(), code
+
+
+def _agreed_step(text, model_dir):
+  """The one step both workers saved at, from the logs and from model_dir."""
+  said = {int(i): (reason, int(s)) for i, reason, s in re.findall(
+      r"\[worker (\d)\] preempted: (.*) at step (\d+); checkpoint saved, exit "
+      r"code 75\.", text)}
+  assert sorted(said) == [0, 1], text[-3000:]
+  steps = {s for _, s in said.values()}
+  assert len(steps) == 1, said
+  reached = steps.pop()
+  saved = {int(i): int(s) for i, s in re.findall(
+      r"\[worker (\d)\] .*Saved checkpoint \S+/checkpoints/ckpt-(\d+)\.",
+      text)}
+  assert saved == {0: reached, 1: reached}, saved
+  latest = tf.train.latest_checkpoint(str(model_dir / "checkpoints"))
+  assert latest.endswith(f"ckpt-{reached}")
+  assert 10 <= reached < TOTAL, reached
+  return {i: r for i, (r, _) in said.items()}, reached
+
+
+def _resume_equals(model_dir, reached, want):
+  out = launch(tiny_flags(train_steps=TOTAL, model_dir=str(model_dir),
+                          **FLAGS))
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  summary = json.loads((model_dir / "summary.json").read_text())
+  assert summary["start_step"] == reached
+  assert summary["global_step"] == TOTAL
+  got = np.load(model_dir / "w.npz")
+  for key in want.files:
+    np.testing.assert_allclose(got[key], want[key], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("target", ["worker 1", "launcher"])
+def test_sigterm_stops_both_workers_at_one_step(tmp_path, uninterrupted,
+                                                target):
+  text, code = _preempt(tmp_path, target)
+  assert code == checkpoint.PREEMPTED_EXIT_CODE, text[-3000:]
+  reasons, reached = _agreed_step(text, tmp_path / "m")
+  if target == "launcher":  # forwarded to both
+    assert reasons == {0: "SIGTERM", 1: "SIGTERM"}
+    assert "launcher: got signal 15, forwarded SIGTERM to all workers" in text
+  else:
+    assert reasons == {0: "stop requested by another worker", 1: "SIGTERM"}
+    assert re.search(r"launcher: worker \d exited with 75 \(preempted\)", text)
+  assert ("launcher: all 2 workers saved a checkpoint at the same step; "
+          "exiting with 75.") in text
+  assert "launcher: restart" not in text
+  _resume_equals(tmp_path / "m", reached, uninterrupted)
