@@ -108,8 +108,9 @@ def main(argv):
           "--name=value.")
   try:
     config = config_from_flags()
-    # SIGTERM (the launcher stopping us) exits through SystemExit, so atexit
-    # clean-up (a non-chief's temporary directory) still runs.
+    # SIGTERM before the first step (from then on engine/preemption.py only
+    # notes it, to save at an agreed step) exits through SystemExit, so
+    # atexit clean-up (a non-chief's temporary directory) still runs.
     signal.signal(signal.SIGTERM,
                   lambda signum, _: sys.exit(128 + signum))
     # Logical devices must exist before TensorFlow runs any op.
