@@ -90,8 +90,8 @@ def _preempted(procs, pumps, timeout: float, interrupted, cause: str) -> int:
         "save a checkpoint.", file=sys.stderr, flush=True)
   codes = _wait_all(procs, timeout, interrupted)
   _stop(procs)
-  for t in pumps:
-    t.join(2)
+  for t in pumps:  # every worker has ended: its pipe is at EOF, drain it all
+    t.join(10)
   if all(c == PREEMPTED for c in codes):
     print(f"launcher: all {len(procs)} workers saved a checkpoint at the same "
           f"step; exiting with {PREEMPTED}. Run the same command again to "

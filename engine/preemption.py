@@ -72,8 +72,9 @@ class StopAgreement:
     # No collective follows, only the save: peers may now exit in any order
     # without the watchdog taking one that is still saving for a lost task.
     cluster.stop_watchdog()
-    reason = (signal.Signals(self._signal).name if local else
-              "stop requested by another worker")
+    # Read again: a signal noted during the exchange is this worker's too.
+    reason = (signal.Signals(self._signal).name if self._signal is not None
+              else "stop requested by another worker")
     logging.info("Preemption: %s; every worker saves a checkpoint at step %d.",
                  reason, step_reached)
     return reason

@@ -1,8 +1,9 @@
 """Coordinated preemption: every replica and worker saves at the same step.
 
 In-process tests cover the flag exchange and the local (mirrored) agreement;
-the launcher tests run 2 real workers and interrupt them mid-run, then resume
-and compare with a run that was never interrupted.
+the launcher test runs 2 real workers, preempts them twice (SIGTERM to one
+worker, then to the launcher), resumes and compares with a run that was never
+interrupted.
 """
 import json
 import os
@@ -20,9 +21,9 @@ from engine import checkpoint, devices, hooks, step, train
 from test_multi_worker import (_kill, _launched_pid, _start, _wait_for, launch,
                                lr, tiny_flags)
 
-# Long enough that the interrupted runs stop well before it (they reach about
-# step 60-80 on 2 loaded cores), short enough to train in a few seconds.
-TOTAL = 400
+# Well after both preemptions (each run stopped 10-20 steps after its signal
+# on 2 loaded cores, at about steps 20 and 50), and quick to train.
+TOTAL = 200
 FLAGS = dict(optimizer="adam", learning_rate=lr("adam"), steps_per_loop=5,
              log_every=5, weights_out="w.npz")
 
@@ -65,27 +66,21 @@ def test_signal_on_mirrored_saves_at_the_boundary_reached(tmp_path, signum,
   assert signal.getsignal(signum) is before  # handlers given back
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-  """Final weights of a 2-worker run of TOTAL steps that nothing stopped."""
-  model_dir = tmp_path_factory.mktemp("whole")
-  out = launch(tiny_flags(train_steps=TOTAL, model_dir=str(model_dir),
-                          **FLAGS))
-  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-  return np.load(model_dir / "w.npz")
+def _launch_and_preempt(model_dir, log, target, after_step):
+  """Starts 2 workers, SIGTERMs `target` once `after_step` is logged.
 
-
-def _preempt(tmp_path, target):
-  """Starts 2 workers, SIGTERMs `target` mid-run; (log text, exit code)."""
-  log, model_dir = tmp_path / "launch.log", tmp_path / "m"
+  Returns:
+    (launcher log text, launcher exit code).
+  """
   # --max_restarts=1: a preemption must still not restart.
   proc = _start([sys.executable, "-m", "engine.launch", "--num_workers=2",
                  "--max_restarts=1", "--",
                  *tiny_flags(train_steps=100000, model_dir=str(model_dir),
                              **FLAGS)], open(log, "w"))
   try:
-    assert _wait_for(lambda: log.read_text().splitlines(), "step 10/",
-                     time.monotonic() + 120), log.read_text()[-3000:]
+    assert _wait_for(lambda: log.read_text().splitlines(),
+                     f"step {after_step}/", time.monotonic() + 120), (
+                         log.read_text()[-3000:])
     os.kill(proc.pid if target == "launcher" else _launched_pid(log, 1),
             signal.SIGTERM)
     code = proc.wait(120)
@@ -95,7 +90,11 @@ def _preempt(tmp_path, target):
 
 
 def _agreed_step(text, model_dir):
-  """The one step both workers saved at, from the logs and from model_dir."""
+  """The one step both workers saved at, from the logs and from model_dir.
+
+  Returns:
+    ({worker: the reason it logged}, the step).
+  """
   said = {int(i): (reason, int(s)) for i, reason, s in re.findall(
       r"\[worker (\d)\] preempted: (.*) at step (\d+); checkpoint saved, exit "
       r"code 75\.", text)}
@@ -109,35 +108,47 @@ def _agreed_step(text, model_dir):
   assert saved == {0: reached, 1: reached}, saved
   latest = tf.train.latest_checkpoint(str(model_dir / "checkpoints"))
   assert latest.endswith(f"ckpt-{reached}")
-  assert 10 <= reached < TOTAL, reached
+  assert ("launcher: all 2 workers saved a checkpoint at the same step; "
+          "exiting with 75.") in text
+  assert "launcher: restart" not in text
   return {i: r for i, (r, _) in said.items()}, reached
 
 
-def _resume_equals(model_dir, reached, want):
+def test_sigterm_to_a_worker_then_to_the_launcher_resumes_exactly(tmp_path):
+  """Preempted twice (worker 1, then the launcher), resumed: the weights of a
+  run never interrupted."""
+  model_dir = tmp_path / "m"
+  text, code = _launch_and_preempt(model_dir, tmp_path / "a.log", "worker",
+                                   10)
+  assert code == checkpoint.PREEMPTED_EXIT_CODE, text[-3000:]
+  reasons, first = _agreed_step(text, model_dir)
+  assert reasons == {0: "stop requested by another worker", 1: "SIGTERM"}
+  assert re.search(r"launcher: worker \d exited with 75 \(preempted\)", text)
+  assert 10 <= first
+
+  # The same command again resumes; now the launcher gets the SIGTERM.
+  text, code = _launch_and_preempt(model_dir, tmp_path / "b.log", "launcher",
+                                   (first // 5 + 2) * 5)
+  assert code == checkpoint.PREEMPTED_EXIT_CODE, text[-3000:]
+  assert f"Resumed from {model_dir}/checkpoints/ckpt-{first} at step {first}." in text
+  reasons, second = _agreed_step(text, model_dir)
+  # Forwarded to both; one may already be in the exchange that its peer's
+  # flag makes stop, before its own signal is noted.
+  assert "SIGTERM" in reasons.values()
+  assert set(reasons.values()) <= {"SIGTERM", "stop requested by another worker"}
+  assert "launcher: got signal 15, forwarded SIGTERM to all workers" in text
+  assert first < second < TOTAL, (first, second)
+
   out = launch(tiny_flags(train_steps=TOTAL, model_dir=str(model_dir),
                           **FLAGS))
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   summary = json.loads((model_dir / "summary.json").read_text())
-  assert summary["start_step"] == reached
+  assert summary["start_step"] == second
   assert summary["global_step"] == TOTAL
-  got = np.load(model_dir / "w.npz")
+  whole = tmp_path / "whole"
+  out = launch(tiny_flags(train_steps=TOTAL, model_dir=str(whole), **FLAGS))
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  want, got = np.load(whole / "w.npz"), np.load(model_dir / "w.npz")
+  assert len(want.files) == len(got.files) > 0
   for key in want.files:
     np.testing.assert_allclose(got[key], want[key], rtol=0, atol=1e-6)
-
-
-@pytest.mark.parametrize("target", ["worker 1", "launcher"])
-def test_sigterm_stops_both_workers_at_one_step(tmp_path, uninterrupted,
-                                                target):
-  text, code = _preempt(tmp_path, target)
-  assert code == checkpoint.PREEMPTED_EXIT_CODE, text[-3000:]
-  reasons, reached = _agreed_step(text, tmp_path / "m")
-  if target == "launcher":  # forwarded to both
-    assert reasons == {0: "SIGTERM", 1: "SIGTERM"}
-    assert "launcher: got signal 15, forwarded SIGTERM to all workers" in text
-  else:
-    assert reasons == {0: "stop requested by another worker", 1: "SIGTERM"}
-    assert re.search(r"launcher: worker \d exited with 75 \(preempted\)", text)
-  assert ("launcher: all 2 workers saved a checkpoint at the same step; "
-          "exiting with 75.") in text
-  assert "launcher: restart" not in text
-  _resume_equals(tmp_path / "m", reached, uninterrupted)
