@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 
@@ -17,7 +18,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import tiny_config
-from engine import checkpoint, devices, hooks, step, train
+from engine import checkpoint, devices, hooks, launch as launcher, step, train
 from test_multi_worker import (_kill, _launched_pid, _start, _wait_for, launch,
                                lr, tiny_flags)
 
@@ -64,6 +65,25 @@ def test_signal_on_mirrored_saves_at_the_boundary_reached(tmp_path, signum,
   latest = tf.train.latest_checkpoint(str(tmp_path / "checkpoints"))
   assert latest.endswith("ckpt-4")
   assert signal.getsignal(signum) is before  # handlers given back
+
+
+def _exiting(*codes):
+  """Stand-in workers (no TensorFlow): code None sleeps until killed."""
+  return [subprocess.Popen(
+      [sys.executable, "-c", "import time; time.sleep(600)" if c is None else
+       f"import sys; sys.exit({c})"], start_new_session=True) for c in codes]
+
+
+@pytest.mark.parametrize("codes,interrupted,want", [
+    ((75, 75), [], 75), ((75, 75), [signal.SIGTERM], 75), ((0, 0), [], 0),
+    ((75, 3), [], 1), ((75, 3), [signal.SIGINT], 128 + signal.SIGINT),
+    ((75, None), [signal.SIGTERM], 128 + signal.SIGTERM)])
+def test_launcher_exit_code_after_a_preemption(codes, interrupted, want):
+  procs = _exiting(*codes)
+  start = time.monotonic()
+  assert launcher._preempted(procs, [], 2.0, interrupted, "test") == want
+  assert time.monotonic() - start < 20  # bounded: the sleeper was killed
+  assert all(p.poll() is not None for p in procs)
 
 
 def _launch_and_preempt(model_dir, log, target, after_step):
