@@ -4,6 +4,7 @@ import logging
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import data
 import models
@@ -16,14 +17,17 @@ from engine.errors import ConfigError
 EXAMPLES = 37
 
 
-def keras_evaluate(config, weights, global_batch):
+def keras_evaluate(config, weights, global_batch, num_classes=None):
   """Plain Keras on the same weights and the same (undistributed) data."""
-  model = models.create_model(config.model, config.num_classes,
+  model = models.create_model(config.model, num_classes or config.num_classes,
                               config.image_size)
   model.set_weights(weights)
   model.compile(loss=keras.losses.SparseCategoricalCrossentropy(
       from_logits=True), metrics=["accuracy"])
   dataset, count = data.build_eval(config, global_batch)
+  # Told the batch count, Keras does not warn when the pass ends.
+  dataset = dataset.apply(tf.data.experimental.assert_cardinality(
+      -(-count // global_batch)))
   loss, accuracy = model.evaluate(dataset, verbose=0)
   return loss, accuracy, count
 
