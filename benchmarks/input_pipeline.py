@@ -21,7 +21,6 @@ enough RAM for the data set.
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,6 +28,7 @@ import time
 from absl import app
 from absl import flags
 
+from benchmarks import variants
 from engine import hooks
 
 flags.DEFINE_enum("variant", None, ["folder", "tfds", "memory"],
@@ -108,20 +108,10 @@ def parent():
     prepare(work_dir)
     print(f"wrote {FLAGS.images} JPEGs of {FLAGS.source_size}px and their "
           f"tfds export in {time.perf_counter() - start:.1f} s", flush=True)
-    best = dict.fromkeys(VARIANTS, 0.0)
     child_flags = [a for a in sys.argv[1:] if not a.startswith("--rounds")]
-    for r in range(FLAGS.rounds):
-      for v in (VARIANTS if r % 2 == 0 else VARIANTS[::-1]):
-        proc = subprocess.run(
-            [sys.executable, "-m", "benchmarks.input_pipeline",
-             f"--variant={v}", f"--work_dir={work_dir}", *child_flags],
-            capture_output=True, text=True, timeout=1800, check=False)
-        found = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-        if proc.returncode or not found:
-          sys.exit(f"variant {v} failed:\n{proc.stderr[-3000:]}")
-        rate = json.loads(found[0][len("RESULT "):])["rate"]
-        print(f"round {r + 1}: {v:7s} {rate:8.1f} examples/s", flush=True)
-        best[v] = max(best[v], rate)
+    best = variants.best_rates("benchmarks.input_pipeline", VARIANTS,
+                               FLAGS.rounds,
+                               [f"--work_dir={work_dir}", *child_flags])
   finally:
     shutil.rmtree(work_dir, ignore_errors=True)
   print(f"\n{FLAGS.model} at {FLAGS.image_size}x{FLAGS.image_size} from "

@@ -6,12 +6,13 @@
 Then train with `--dataset=my_images --data_dir=/data/tfds`: tfds reads the
 files without any builder code (`tfds.builder` falls back to the files).
 `--eval_fraction` > 0 writes the last fraction of data/folder.py's example list
-as a `test` split (tfds orders the examples of a split by a hash of their key). `write_sample_folder` makes a folder of
-generated JPEG, PNG and BMP images. Both serve benchmarks/input_pipeline.py and
-the tests.
+as a `test` split (tfds orders the examples of a split by a hash of their
+key). `write_sample_folder` makes a folder of generated JPEG, PNG and BMP
+images. Both serve benchmarks/input_pipeline.py and the tests.
 """
 import os
 import struct
+import sys
 
 import numpy as np
 import tensorflow as tf
@@ -118,12 +119,17 @@ def write_sample_folder(root: str, class_names, per_class: int,
 def main(argv):
   del argv
   from absl import flags  # pylint: disable=g-import-not-at-top
+  from engine.errors import ConfigError  # pylint: disable=g-import-not-at-top
   f = flags.FLAGS
-  print(write(f.dataset, f.name, f.data_dir, f.num_shards, f.eval_fraction))
+  try:
+    print(write(f.dataset, f.name, f.data_dir, f.num_shards, f.eval_fraction))
+  except ConfigError as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
 
 
 if __name__ == "__main__":
-  from absl import app, flags  # pylint: disable=g-import-not-at-top,g-multiple-import
+  from absl import app, flags  # pylint: disable=g-multiple-import
   flags.DEFINE_string("dataset", None, "folder:/path to export.")
   flags.DEFINE_string("name", None, "tfds name to write.")
   flags.DEFINE_string("data_dir", None, "tfds data directory.")

@@ -12,8 +12,8 @@ def _builder(config: Config):
   except tfds.core.registered.DatasetNotFoundError as e:
     raise flag_error(
         "dataset", config.dataset,
-        "is neither 'synthetic', folder:/path nor a TensorFlow Datasets name "
-        "(see `tfds.list_builders()`, e.g. cats_vs_dogs, tf_flowers, mnist)."
+        "is neither 'synthetic' nor folder:/path nor a TensorFlow Datasets "
+        "name (see `tfds.list_builders()`, e.g. cats_vs_dogs, tf_flowers)."
     ) from e
 
 

@@ -119,6 +119,9 @@ class Config:
                        "every local GPU, else one CPU, per worker; drop it.")
     # Data sets, evaluation and the input pipeline (issue 5).
     _non_negative("eval_every", self.eval_every)
+    if self.eval_every and not self.eval_split:
+      raise flag_error("eval_every", self.eval_every, "needs --eval_split, "
+                       "the split to evaluate on (e.g. test or train[80%:]).")
     if self.dataset in ("", "folder:"):
       raise flag_error("dataset", self.dataset, "names no data set; use "
                        "synthetic, folder:/path or a TensorFlow Datasets name.")

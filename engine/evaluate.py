@@ -1,4 +1,4 @@
-"""Evaluation: the eval step, a distributed finite pass, and the hook that runs it.
+"""Evaluation: the eval step, a distributed finite pass and the hook running it.
 
 The eval pass uses the same strategy as training. Each replica returns the sums
 of its per-example losses and correct predictions and its example count; one

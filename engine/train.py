@@ -88,7 +88,8 @@ def train(config: Config, extra_hooks=()) -> Result:
       config.batch_size_per_replica, replicas, config.strategy,
       devices.describe(strategy), info.num_examples, info.steps_per_epoch,
       total_steps)
-  logging.info("Classes (%d): %s", info.num_classes, ", ".join(info.class_names))
+  logging.info("Classes (%d): %s", info.num_classes,
+               ", ".join(info.class_names))
 
   keras.utils.set_random_seed(config.seed)
   with strategy.scope():

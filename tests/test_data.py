@@ -212,6 +212,8 @@ def test_cache_and_dataset_flags_are_checked():
     tiny_config(dataset="folder:")
   with pytest.raises(ConfigError, match="^--eval_every=-1: must be a non-neg"):
     tiny_config(eval_every=-1)
+  with pytest.raises(ConfigError, match="^--eval_every=5: needs --eval_split"):
+    tiny_config(eval_every=5)
 
 
 def test_gif_is_decoded_as_rgb(tmp_path):

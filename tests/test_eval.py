@@ -1,4 +1,5 @@
 """Evaluation: the distributed pass equals Keras `evaluate`, on schedule."""
+import dataclasses
 import logging
 
 import keras
@@ -63,8 +64,8 @@ def test_eval_schedule_and_log(tmp_path, caplog):
            if r.getMessage().startswith("eval at step")]
   assert steps == ["5", "10", "12"]  # each epoch's end, and the last step
   caplog.clear()
-  result = train.train(config.__class__(**{
-      **config.__dict__, "eval_every": 4, "model_dir": str(tmp_path / "n")}))
+  result = train.train(dataclasses.replace(
+      config, eval_every=4, model_dir=str(tmp_path / "n")))
   lines = [r.getMessage() for r in caplog.records
            if r.getMessage().startswith("eval at step")]
   assert [l.split()[3] for l in lines] == ["4", "8", "12"]

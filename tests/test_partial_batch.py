@@ -54,7 +54,8 @@ def plain_loop(config):
       v.assign_sub(LR * g)
     losses.append(float(loss))
     counts.append(int(labels.shape[0]))
-  return np.array(losses), counts, [v.numpy() for v in model.trainable_variables]
+  weights = [v.numpy() for v in model.trainable_variables]
+  return np.array(losses), counts, weights
 
 
 def assert_same(losses, weights, ref, tol=1e-5):
