@@ -5,6 +5,8 @@ is a pure function of i, so the data are the same for any replica or worker
 count and need no disk or network. Each epoch visits the examples in a seeded
 permutation (`index_shuffle`), which also makes resuming at any step cheap:
 only integers are skipped, no images are made for skipped batches.
+`--train_split` / `--eval_split` select positions of the example list 0..N-1
+with tfds split syntax (data/splits.py).
 """
 import numpy as np
 import tensorflow as tf

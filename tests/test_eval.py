@@ -1,5 +1,4 @@
 """Evaluation: the distributed pass equals Keras `evaluate`, on schedule."""
-import dataclasses
 import logging
 
 import keras
@@ -10,7 +9,7 @@ import tensorflow as tf
 import data
 import models
 from conftest import tiny_config
-from engine import train
+from engine import evaluate, train
 from engine.errors import ConfigError
 
 # 37 examples in batches of 8 or 9: the last eval batch is partial, and with
@@ -37,7 +36,7 @@ def keras_evaluate(config, weights, global_batch, num_classes=None):
                                                ("mirrored", 3)])
 def test_eval_metrics_equal_keras_evaluate(tmp_path, strategy, replicas):
   config = tiny_config(strategy=strategy, cpu_devices=replicas,
-                       batch_size_per_replica=9 if replicas else 8,
+                       batch_size_per_replica=3 if replicas else 8,
                        synthetic_examples=EXAMPLES, train_split="train[:30]",
                        eval_split="train", train_steps=4,
                        model_dir=str(tmp_path))
@@ -53,19 +52,42 @@ def test_eval_metrics_equal_keras_evaluate(tmp_path, strategy, replicas):
   assert 0.0 < s["eval_loss"] < 10.0
 
 
-def test_eval_schedule_and_log(tmp_path, caplog):
+class CountingEvaluator:
+  """Stands in for Evaluator where only the schedule is under test."""
+
+  def __init__(self):
+    self.calls = 0
+
+  def evaluate(self):
+    self.calls += 1
+    return {"eval_loss": 1.0 / self.calls, "eval_accuracy": 0.5,
+            "eval_examples": 7}
+
+
+@pytest.mark.parametrize("eval_every,expected", [(0, [5, 10, 12]),
+                                                 (4, [4, 8, 12])])
+def test_eval_schedule(eval_every, expected):
+  # 5 steps per epoch (37 examples, global batch 8), 12 steps: eval_every=0
+  # means each epoch's end; the last step is always evaluated.
+  config = tiny_config(synthetic_examples=EXAMPLES, eval_split="train",
+                       eval_every=eval_every)
+  hook = evaluate.EvalHook(CountingEvaluator(), config.eval_every or 5, 12)
+  step = 0
+  while step < 12:  # the outer loop's contract: stop where a hook asks
+    step = min(step + 3, hook.next_stop(step))
+    hook.after_loop(step, None, 0.0)
+  assert [s for s, _ in hook.results] == expected
+  summary = {"global_step": 12}
+  hook.end(summary)
+  assert summary["eval_loss"] == 1.0 / 3 and len(hook.results) == 3
+
+
+def test_eval_every_steps_in_a_real_run(tmp_path, caplog):
   caplog.set_level(logging.INFO)
-  # 37 training examples, global batch 8: 5 steps per epoch.
-  config = tiny_config(cpu_devices=2, batch_size_per_replica=4,
-                       synthetic_examples=EXAMPLES, eval_split="train[80%:]",
-                       train_steps=12, model_dir=str(tmp_path / "epoch"))
-  train.train(config)
-  steps = [r.getMessage().split()[3] for r in caplog.records
-           if r.getMessage().startswith("eval at step")]
-  assert steps == ["5", "10", "12"]  # each epoch's end, and the last step
-  caplog.clear()
-  result = train.train(dataclasses.replace(
-      config, eval_every=4, model_dir=str(tmp_path / "n")))
+  result = train.train(tiny_config(
+      cpu_devices=2, batch_size_per_replica=4, synthetic_examples=EXAMPLES,
+      eval_split="train[80%:]", eval_every=4, train_steps=12,
+      model_dir=str(tmp_path)))
   lines = [r.getMessage() for r in caplog.records
            if r.getMessage().startswith("eval at step")]
   assert [l.split()[3] for l in lines] == ["4", "8", "12"]
