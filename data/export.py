@@ -70,9 +70,11 @@ def _builder_class(listing, splits):
 
     def _generate_examples(self, positions):
       for i in positions:
-        # Decoded here so that every format (GIF, BMP) is stored as PNG.
-        image = folder.decode(listing.paths[i]).numpy()
-        yield i, {"image": np.asarray(image), "label": listing.labels[i]}
+        path = listing.paths[i]
+        # JPEG and PNG files are stored byte for byte; GIF and BMP as PNG.
+        image = path if path.lower().endswith((".jpg", ".jpeg", ".png")) else (
+            folder.decode(path).numpy())
+        yield i, {"image": image, "label": listing.labels[i]}
 
   return _Builder
 
