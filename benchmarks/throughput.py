@@ -10,13 +10,14 @@ kept. Prints a table and the two ratios the engine must reach (>= 1.10x fit,
 >= 0.98x the minimal loop).
 """
 import json
-import subprocess
 import sys
 import tempfile
 import time
 
 from absl import app
 from absl import flags
+
+from benchmarks.variants import best_rates
 
 flags.DEFINE_enum("variant", None, ["engine", "fit", "minimal"],
                   "Internal: run one variant in this process.")
@@ -143,21 +144,9 @@ def child():
 
 def parent():
   variants = ["engine", "fit", "minimal"]
-  best = {v: 0.0 for v in variants}
   passthrough = [a for a in sys.argv[1:] if not a.startswith("--rounds")]
-  for r in range(FLAGS.rounds):
-    order = variants if r % 2 == 0 else variants[::-1]
-    for v in order:
-      proc = subprocess.run(
-          [sys.executable, "-m", "benchmarks.throughput", f"--variant={v}",
-           *passthrough], capture_output=True, text=True, timeout=1800,
-          check=False)
-      line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-      if proc.returncode or not line:
-        sys.exit(f"variant {v} failed:\n{proc.stderr[-3000:]}")
-      rate = json.loads(line[0][7:])["rate"]
-      print(f"round {r + 1}: {v:8s} {rate:8.1f} examples/s", flush=True)
-      best[v] = max(best[v], rate)
+  best = best_rates("benchmarks.throughput", variants, FLAGS.rounds,
+                    passthrough)
   print(f"\n{FLAGS.model} {FLAGS.image_size}x{FLAGS.image_size}, "
         f"MirroredStrategy on {FLAGS.cpu_devices} logical CPUs, "
         f"{FLAGS.batch_size_per_replica} per replica, {FLAGS.steps} timed "

@@ -2,7 +2,6 @@
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from data import DataInfo, check_size, finish, steps_per_epoch
 from engine.config import Config
 from engine.errors import flag_error
 
@@ -13,32 +12,28 @@ def _builder(config: Config):
   except tfds.core.registered.DatasetNotFoundError as e:
     raise flag_error(
         "dataset", config.dataset,
-        "is neither 'synthetic' nor a TensorFlow Datasets name (see "
-        "`tfds.list_builders()`, e.g. cats_vs_dogs, tf_flowers, mnist)."
+        "is neither 'synthetic' nor folder:/path nor a TensorFlow Datasets "
+        "name (see `tfds.list_builders()`, e.g. cats_vs_dogs, tf_flowers)."
     ) from e
 
 
-def _read(builder, config: Config) -> tf.data.Dataset:
+def _read(builder, config: Config, split: str, flag: str,
+          training: bool) -> tf.data.Dataset:
   try:
     return builder.as_dataset(
-        split=config.train_split, as_supervised=True, shuffle_files=True,
-        read_config=tfds.ReadConfig(shuffle_seed=config.seed))
+        split=split, as_supervised=True, shuffle_files=training,
+        # No assert_cardinality: the auto-shard rewrite cannot handle it and
+        # warns; the count comes from the metadata instead.
+        read_config=tfds.ReadConfig(shuffle_seed=config.seed,
+                                    assert_cardinality=False))
   except (KeyError, ValueError, AssertionError) as e:
-    raise flag_error("train_split", config.train_split,
+    raise flag_error(flag, split,
                      f"is not a split of {config.dataset} "
                      f"({type(e).__name__}: {str(e).splitlines()[0][:160]})."
                      ) from e
 
 
-def _count(builder, config: Config) -> int:
-  """Examples in the split: from the reader if it knows, else from metadata."""
-  cardinality = int(_read(builder, config).cardinality())
-  if cardinality >= 0:
-    return cardinality
-  return builder.info.splits[config.train_split].num_examples
-
-
-def build(config: Config, global_batch: int, start_step: int = 0):
+def _prepared(config: Config):
   builder = _builder(config)
   if not builder.is_prepared():
     if not config.download:
@@ -57,9 +52,38 @@ def build(config: Config, global_batch: int, start_step: int = 0):
     raise flag_error("dataset", config.dataset,
                      "has no 'image' and 'label' features; only image "
                      "classification data sets are supported.")
-  num_examples = _count(builder, config)
-  check_size(config.dataset, num_examples, global_batch)
-  label = info.features["label"]
+  return builder
+
+
+def _policy(builder, split: str, num_workers: int):
+  """FILE when every worker can get its own files, else DATA.
+
+  FILE: each worker reads only its files, so no worker decodes images it then
+  throws away; workers may then see different numbers of batches per epoch
+  (training repeats endlessly, and the eval pass is built for it). DATA: every
+  worker reads everything and keeps its slice of each global batch. Choosing
+  explicitly means tf.data never falls back with an AutoShardPolicy warning.
+  """
+  policy = tf.data.experimental.AutoShardPolicy
+  try:
+    files = len(builder.info.splits[split].file_instructions)
+  except KeyError:  # no split metadata (e.g. under tfds.testing.mock_data)
+    files = 0
+  return policy.FILE if 1 < num_workers <= files else policy.DATA
+
+
+def source(config: Config, split: str, flag: str, training: bool,
+           num_workers: int = 1):
+  """(examples, count, class names, auto-shard policy) of one split.
+
+  Raises:
+    ConfigError: unknown data set or split, or one that cannot be prepared.
+  """
+  builder = _prepared(config)
+  ds = _read(builder, config, split, flag, training)
+  count = int(ds.cardinality())
+  if count < 0:  # the reader does not know: take the metadata's count
+    count = builder.info.splits[split].num_examples
   size = config.image_size
 
   def preprocess(image, label_value):
@@ -69,17 +93,6 @@ def build(config: Config, global_batch: int, start_step: int = 0):
     image = tf.image.resize(image, [size, size]) / 255.0
     return image, tf.cast(label_value, tf.int32)
 
-  ds = _read(builder, config)
   ds = ds.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
-  ds = ds.shuffle(config.shuffle_buffer, seed=config.seed,
-                  reshuffle_each_iteration=True)
-  ds = ds.batch(global_batch, drop_remainder=config.drop_remainder).repeat()
-  ds = ds.skip(start_step)
-  data_info = DataInfo(
-      name=config.dataset, num_examples=num_examples,
-      num_classes=label.num_classes, class_names=tuple(label.names),
-      steps_per_epoch=steps_per_epoch(num_examples, global_batch,
-                                      config.drop_remainder))
-  # DATA sharding: every worker reads the same seeded order and keeps its own
-  # slice of each global batch, so results do not depend on the file count.
-  return finish(ds, tf.data.experimental.AutoShardPolicy.DATA), data_info
+  names = builder.info.features["label"].names
+  return ds, count, names, _policy(builder, split, num_workers)

@@ -58,6 +58,10 @@ class Config:
   allow_resume_change: bool = False
   # Preemption (issue 4): exchange the stop flag after every host call.
   preemption_sync: bool = True
+  # Data sets, evaluation and the input pipeline (issue 5).
+  eval_split: str = ""  # split expression to evaluate on; "" = no evaluation
+  eval_every: int = 0   # steps between evaluations; 0 = at each epoch's end
+  cache: str = ""       # "" = none, "memory", or a file path prefix
 
   def __post_init__(self):
     self.validate()
@@ -115,6 +119,21 @@ class Config:
                        self.cpu_devices or ",".join(self.devices),
                        "is not used by --strategy=multi_worker, which takes "
                        "every local GPU, else one CPU, per worker; drop it.")
+    # Data sets, evaluation and the input pipeline (issue 5).
+    _non_negative("eval_every", self.eval_every)
+    if self.eval_every and not self.eval_split:
+      raise flag_error("eval_every", self.eval_every, "needs --eval_split, "
+                       "the split to evaluate on (e.g. test or train[80%:]).")
+    if self.dataset in ("", "folder:"):
+      raise flag_error("dataset", self.dataset, "names no data set; use "
+                       "synthetic, folder:/path or a TensorFlow Datasets name.")
+    if self.cache and self.dataset == "synthetic":
+      raise flag_error("cache", self.cache, "the synthetic data set is "
+                       "generated per batch and has nothing to cache; drop it.")
+    cache_dir = os.path.dirname(os.path.abspath(self.cache))
+    if self.cache not in ("", "memory") and not os.path.isdir(cache_dir):
+      raise flag_error("cache", self.cache, f"directory {cache_dir} does not "
+                       "exist; use memory or a path in an existing directory.")
 
 
 def _one_of(flag, value, valid):

@@ -42,8 +42,8 @@ flags.DEFINE_integer("bytes_per_pack", _DEF["bytes_per_pack"],
                      "bytes (0: TensorFlow's choice).")
 flags.DEFINE_string("model", _DEF["model"], "mobilenet_v2 or small_cnn.")
 flags.DEFINE_string("dataset", _DEF["dataset"],
-                    "synthetic, or any TensorFlow Datasets name "
-                    "(cats_vs_dogs, tf_flowers, ...).")
+                    "synthetic, folder:/path (one sub-directory per class) or "
+                    "any TensorFlow Datasets name (cats_vs_dogs, ...).")
 flags.DEFINE_string("data_dir", _DEF["data_dir"], "TensorFlow Datasets dir.")
 flags.DEFINE_string("train_split", _DEF["train_split"],
                     "tfds split expression for training, e.g. train[:80%].")
@@ -89,6 +89,16 @@ flags.DEFINE_boolean("preemption_sync", _DEF["preemption_sync"],
                      "After every host call, agree with all workers whether "
                      "one got SIGTERM/SIGINT, so all save at the same step. "
                      "Turn off only to measure what the agreement costs.")
+# Data sets, evaluation and the input pipeline (issue 5).
+flags.DEFINE_string("eval_split", _DEF["eval_split"],
+                    "Split expression to evaluate on, e.g. test or "
+                    "train[80%:] (empty: no evaluation).")
+flags.DEFINE_integer("eval_every", _DEF["eval_every"],
+                     "Evaluate every N steps (0: at the end of each epoch); "
+                     "always also at the last step.")
+flags.DEFINE_string("cache", _DEF["cache"],
+                    "Cache decoded images: memory, or a file path prefix "
+                    "(empty: no cache).")
 
 FLAGS = flags.FLAGS
 

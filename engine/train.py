@@ -15,7 +15,8 @@ import tensorflow as tf
 
 import data
 import models
-from engine import checkpoint, cluster, devices, hooks, preemption, step
+from engine import (checkpoint, cluster, devices, evaluate, hooks, preemption,
+                    step)
 from engine.config import Config
 from engine.errors import flag_error
 from engine.optimizers import create_optimizer
@@ -88,6 +89,8 @@ def train(config: Config, extra_hooks=()) -> Result:
       config.batch_size_per_replica, replicas, config.strategy,
       devices.describe(strategy), info.num_examples, info.steps_per_epoch,
       total_steps)
+  logging.info("Classes (%d): %s", info.num_classes,
+               ", ".join(info.class_names))
 
   keras.utils.set_random_seed(config.seed)
   with strategy.scope():
@@ -107,7 +110,7 @@ def train(config: Config, extra_hooks=()) -> Result:
   start_step = checkpointer.restore(identity)
   checkpointer.write_identity(identity)
   # The pipeline is a pure function of (seed, step): resuming is skipping.
-  dataset, _ = data.build_train(config, global_batch, start_step)
+  dataset, _ = data.build_train(config, global_batch, start_step, workers)
   iterator = iter(strategy.experimental_distribute_dataset(dataset))
   train_loop = step.make_train_loop(
       strategy, step.make_replica_step(model, optimizer, config))
@@ -116,6 +119,8 @@ def train(config: Config, extra_hooks=()) -> Result:
       checkpointer, config.checkpoint_every,
       preemption.StopAgreement(strategy, config))
   hook_list = [hooks.LogHook(config.log_every, total_steps), *extra_hooks,
+               evaluate.make_hook(config, strategy, model, global_batch,
+                                  info.steps_per_epoch, total_steps, workers),
                ckpt_hook]
   try:
     history, steady_examples, steady_seconds = _run(

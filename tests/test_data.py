@@ -1,0 +1,224 @@
+"""Image folders, tfds files and mock data, the cache, and every bad-data case."""
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+import data
+from conftest import ROOT, engine_cmd, tiny_config
+from data import export, folder
+from engine import train
+from engine.errors import ConfigError
+
+CLASSES = ("cat", "dog", "fox")
+
+
+@pytest.fixture(scope="module")
+def pets(tmp_path_factory):
+  """3 classes x 16 generated images: JPEG, PNG and BMP, 40x48 pixels."""
+  root = tmp_path_factory.mktemp("pets")
+  return "folder:" + export.write_sample_folder(str(root), CLASSES, 16)
+
+
+def folder_config(dataset, tmp_path, **kw):
+  base = dict(dataset=dataset, cpu_devices=2, batch_size_per_replica=4,
+              train_split="train[:75%]", eval_split="train[75%:]",
+              model_dir=str(tmp_path))
+  base.update(kw)
+  return tiny_config(**base)
+
+
+def test_folder_listing_is_sorted_interleaved_and_splits_partition(pets):
+  listing = folder.list_images(pets)
+  assert listing.class_names == CLASSES
+  assert len(listing.paths) == 48
+  assert listing.labels[:6] == (0, 1, 2, 0, 1, 2)  # round-robin over classes
+  assert listing.paths[0].endswith("cat/0000.jpg")
+  assert listing.paths[4].endswith("dog/0001.png")
+  assert {os.path.splitext(p)[1] for p in listing.paths} == {
+      ".jpg", ".png", ".bmp"}
+  from data import splits  # pylint: disable=g-import-not-at-top
+  train_pos = splits.select("train[:75%]", 48, "train_split")
+  eval_pos = splits.select("train[75%:]", 48, "eval_split")
+  assert len(train_pos) == 36 and len(eval_pos) == 12
+  assert sorted(np.concatenate([train_pos, eval_pos])) == list(range(48))
+  assert np.bincount(np.array(listing.labels)[eval_pos]).tolist() == [4, 4, 4]
+
+
+def test_folder_trains_end_to_end_and_learns(pets, tmp_path):
+  # 36 training images, global batch 8: 5 steps per epoch, the last of 4.
+  result = train.train(folder_config(
+      pets, tmp_path, train_steps=0, epochs=6, learning_rate=0.01,
+      steps_per_loop=5, log_every=5))
+  s = json.loads((tmp_path / "summary.json").read_text())
+  assert s["dataset"] == pets and s["num_classes"] == 3
+  assert s["class_names"] == list(CLASSES)
+  assert s["global_step"] == 30
+  assert result.losses[-5:].mean() < 0.5 * result.losses[:5].mean()
+  assert s["eval_examples"] == 12
+  assert s["eval_accuracy"] >= 0.9  # one colour per class: easy to learn
+
+
+def test_batches_are_seeded_resumable_and_cover_each_epoch(pets, tmp_path):
+  config = folder_config(pets, tmp_path, train_split="train[:36]")
+  first = [y.numpy() for _, y in data.build_train(config, 8)[0].take(10)]
+  again = [y.numpy() for _, y in data.build_train(config, 8)[0].take(10)]
+  later = [y.numpy() for _, y in data.build_train(config, 8, 6)[0].take(4)]
+  other = [y.numpy() for _, y in data.build_train(
+      folder_config(pets, tmp_path, seed=8), 8)[0].take(5)]
+  assert [len(y) for y in first] == [8, 8, 8, 8, 4] * 2
+  for a, b in zip(first, again):
+    np.testing.assert_array_equal(a, b)
+  for a, b in zip(first[6:], later):
+    np.testing.assert_array_equal(a, b)
+  assert np.bincount(np.concatenate(first[:5])).tolist() == [12, 12, 12]
+  assert not all(np.array_equal(a, b) for a, b in zip(first[:5], first[5:]))
+  assert not all(np.array_equal(a, b) for a, b in zip(first, other))
+
+
+def test_cache_in_memory_or_files_changes_nothing(pets, tmp_path):
+  kw = dict(train_steps=7, epochs=1)  # 5 steps per epoch: 2 from the cache
+  plain = train.train(folder_config(pets, tmp_path / "plain", **kw))
+  for cache in ("memory", str(tmp_path / "imgcache")):
+    cached = train.train(folder_config(pets, tmp_path / cache[-6:],
+                                       cache=cache, **kw))
+    np.testing.assert_array_equal(plain.losses, cached.losses)
+    assert plain.summary["eval_loss"] == cached.summary["eval_loss"]
+  # One cache per split, named after what it holds.
+  names = {f.split(".")[0] for f in os.listdir(tmp_path)
+           if f.startswith("imgcache-")}
+  assert len(names) == 2, os.listdir(tmp_path)
+
+
+def test_tfds_files_with_split_expressions(pets, tmp_path):
+  sizes = export.write(pets, "pets_images", str(tmp_path / "tfds"),
+                       num_shards=2, eval_fraction=0.25)
+  assert sizes == {"train": 36, "test": 12}
+  result = train.train(folder_config(
+      "pets_images", tmp_path / "run", data_dir=str(tmp_path / "tfds"),
+      train_split="train[:32]", eval_split="test+train[32:]", train_steps=0,
+      epochs=1))
+  s = result.summary
+  assert s["class_names"] == list(CLASSES) and s["global_step"] == 4
+  assert s["eval_examples"] == 16
+  with pytest.raises(ConfigError, match=r"^--eval_split=validation: is not a "
+                     r"split of pets_images \(ValueError: Unknown split"):
+    train.train(folder_config("pets_images", tmp_path / "bad",
+                              data_dir=str(tmp_path / "tfds"),
+                              eval_split="validation"))
+
+
+def test_tfds_through_mock_data_with_split_expressions(tmp_path):
+  with tfds.testing.mock_data(num_examples=20):
+    result = train.train(tiny_config(
+        dataset="tf_flowers", train_split="train[:80%]",
+        eval_split="train[80%:]", cpu_devices=2, batch_size_per_replica=4,
+        train_steps=0, epochs=1, cache="memory", model_dir=str(tmp_path)))
+  s = result.summary
+  assert s["dataset"] == "tf_flowers" and s["num_classes"] == 5
+  # mock_data yields num_examples for any split: 20 / 8 -> 3 steps.
+  assert s["global_step"] == 3 and s["eval_examples"] == 20
+  assert np.isfinite(s["eval_loss"]) and 0.0 <= s["eval_accuracy"] <= 1.0
+
+
+def _write(path, payload: bytes):
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, "wb") as f:
+    f.write(payload)
+
+
+def _bad_folder(tmp_path, case):
+  root = tmp_path / case
+  os.makedirs(root)
+  if case == "one_class":
+    export.write_sample_folder(str(root), ["cat"], 4)
+  elif case in ("truncated", "not_an_image", "class_without_images",
+                "too_few"):
+    export.write_sample_folder(str(root), ["cat", "dog"],
+                               2 if case == "too_few" else 6)
+  if case == "truncated":
+    good = (root / "dog" / "0003.jpg").read_bytes()
+    _write(str(root / "dog" / "0003.jpg"), good[:len(good) // 2])
+  elif case == "not_an_image":
+    _write(str(root / "cat" / "notes.png"), b"not a png at all")
+  elif case == "class_without_images":
+    _write(str(root / "emu" / "README.txt"), b"no images here")
+  return str(root)
+
+
+@pytest.mark.parametrize("case,message", [
+    ("empty", "needs one sub-directory per class and at least 2 classes; "
+              "found 0 (none)."),
+    ("one_class", "at least 2 classes; found 1 (cat)."),
+    ("class_without_images", "class directory 'emu' has no images"),
+    ("truncated", "cannot decode 1 of 12 images, e.g. {root}/dog/0003.jpg "
+                  "(corrupt, truncated or not an image)"),
+    ("not_an_image", "cannot decode 1 of 13 images, e.g. {root}/cat/notes.png"),
+    ("too_few", "has 4 training examples, fewer than one global batch (8)"),
+])
+def test_bad_folder_is_one_clear_error(tmp_path, case, message):
+  root = _bad_folder(tmp_path, case)
+  with pytest.raises(ConfigError) as e:
+    train.train(folder_config(f"folder:{root}", tmp_path / "run",
+                              train_split="train", eval_split=""))
+  assert str(e.value).startswith(f"--dataset=folder:{root}: ")
+  assert message.format(root=root) in str(e.value)
+  assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("flag,value,message", [
+    ("train_split", "test", "is not a split of this data set, which has one "
+                            "split, 'train', of 48 examples"),
+    ("eval_split", "train[:200]", "Requested slice [:200] incompatible with "
+                                  "48 examples"),
+    ("eval_split", "train[5:5]", "selects no examples of the 48."),
+])
+def test_unknown_or_empty_split_is_refused(pets, tmp_path, flag, value,
+                                           message):
+  with pytest.raises(ConfigError) as e:
+    train.train(folder_config(pets, tmp_path, **{flag: value}))
+  assert str(e.value).startswith(f"--{flag}={value}: ")
+  assert message in str(e.value)
+
+
+def test_cli_corrupt_image_and_missing_folder_exit_2_in_one_line(tmp_path):
+  root = _bad_folder(tmp_path, "truncated")
+  for dataset, expected in [
+      (f"folder:{root}", f"error: --dataset=folder:{root}: cannot decode 1 "
+                         f"of 12 images, e.g. {root}/dog/0003.jpg"),
+      (f"folder:{tmp_path}/nope", f"error: --dataset=folder:{tmp_path}/nope: "
+                                  "is not a directory")]:
+    proc = subprocess.run(engine_cmd(
+        f"--dataset={dataset}", "--model=small_cnn", "--image_size=32",
+        "--batch_size_per_replica=2", "--train_steps=1",
+        f"--model_dir={tmp_path}/m"), cwd=ROOT, capture_output=True,
+        text=True, timeout=180, check=False)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    errors = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith(expected), errors
+
+
+def test_cache_and_dataset_flags_are_checked():
+  with pytest.raises(ConfigError, match="^--cache=memory: the synthetic"):
+    tiny_config(cache="memory")
+  with pytest.raises(ConfigError, match="^--cache=/no/such/dir/c: directory"):
+    tiny_config(dataset="folder:/x", cache="/no/such/dir/c")
+  with pytest.raises(ConfigError, match="^--dataset=folder:: names no"):
+    tiny_config(dataset="folder:")
+  with pytest.raises(ConfigError, match="^--eval_every=-1: must be a non-neg"):
+    tiny_config(eval_every=-1)
+  with pytest.raises(ConfigError, match="^--eval_every=5: needs --eval_split"):
+    tiny_config(eval_every=5)
+
+
+def test_gif_is_decoded_as_rgb(tmp_path):
+  # TensorFlow cannot encode GIF; this is a 1x1 single-frame GIF89a.
+  gif = bytes.fromhex("47494638396101000100800000000000ffffff21f904010000"
+                      "00002c00000000010001000002024401003b")
+  _write(str(tmp_path / "g.gif"), gif)
+  image = folder.decode(str(tmp_path / "g.gif")).numpy()
+  assert image.shape == (1, 1, 3) and image.dtype == np.uint8

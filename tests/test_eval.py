@@ -1,0 +1,107 @@
+"""Evaluation: the distributed pass equals Keras `evaluate`, on schedule."""
+import logging
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import data
+import models
+from conftest import tiny_config
+from engine import evaluate, train
+from engine.errors import ConfigError
+
+# 37 examples in batches of 8 or 9: the last eval batch is partial, and with
+# 3 replicas a batch of 1 leaves two replicas without examples.
+EXAMPLES = 37
+
+
+def keras_evaluate(config, weights, global_batch, num_classes=None):
+  """Plain Keras on the same weights and the same (undistributed) data."""
+  model = models.create_model(config.model, num_classes or config.num_classes,
+                              config.image_size)
+  model.set_weights(weights)
+  model.compile(loss=keras.losses.SparseCategoricalCrossentropy(
+      from_logits=True), metrics=["accuracy"])
+  dataset, count = data.build_eval(config, global_batch)
+  # Told the batch count, Keras does not warn when the pass ends.
+  dataset = dataset.apply(tf.data.experimental.assert_cardinality(
+      -(-count // global_batch)))
+  loss, accuracy = model.evaluate(dataset, verbose=0)
+  return loss, accuracy, count
+
+
+@pytest.mark.parametrize("strategy,replicas", [("one_device", 0),
+                                               ("mirrored", 3)])
+def test_eval_metrics_equal_keras_evaluate(tmp_path, strategy, replicas):
+  config = tiny_config(strategy=strategy, cpu_devices=replicas,
+                       batch_size_per_replica=3 if replicas else 8,
+                       synthetic_examples=EXAMPLES, train_split="train[:30]",
+                       eval_split="train", train_steps=4,
+                       model_dir=str(tmp_path))
+  result = train.train(config)
+  s = result.summary
+  assert s["eval_examples"] == EXAMPLES
+  loss, accuracy, count = keras_evaluate(config, result.weights,
+                                         s["global_batch_size"])
+  assert count == EXAMPLES
+  np.testing.assert_allclose(s["eval_loss"], loss, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(s["eval_accuracy"], accuracy, atol=1e-5)
+  # Not trivially equal: trained weights differ from a fresh model's.
+  assert 0.0 < s["eval_loss"] < 10.0
+
+
+class CountingEvaluator:
+  """Stands in for Evaluator where only the schedule is under test."""
+
+  def __init__(self):
+    self.calls = 0
+
+  def evaluate(self):
+    self.calls += 1
+    return {"eval_loss": 1.0 / self.calls, "eval_accuracy": 0.5,
+            "eval_examples": 7}
+
+
+@pytest.mark.parametrize("eval_every,expected", [(0, [5, 10, 12]),
+                                                 (4, [4, 8, 12])])
+def test_eval_schedule(eval_every, expected):
+  # 5 steps per epoch (37 examples, global batch 8), 12 steps: eval_every=0
+  # means each epoch's end; the last step is always evaluated.
+  config = tiny_config(synthetic_examples=EXAMPLES, eval_split="train",
+                       eval_every=eval_every)
+  hook = evaluate.EvalHook(CountingEvaluator(), config.eval_every or 5, 12)
+  step = 0
+  while step < 12:  # the outer loop's contract: stop where a hook asks
+    step = min(step + 3, hook.next_stop(step))
+    hook.after_loop(step, None, 0.0)
+  assert [s for s, _ in hook.results] == expected
+  summary = {"global_step": 12}
+  hook.end(summary)
+  assert summary["eval_loss"] == 1.0 / 3 and len(hook.results) == 3
+
+
+def test_eval_every_steps_in_a_real_run(tmp_path, caplog):
+  caplog.set_level(logging.INFO)
+  result = train.train(tiny_config(
+      cpu_devices=2, batch_size_per_replica=4, synthetic_examples=EXAMPLES,
+      eval_split="train[80%:]", eval_every=4, train_steps=12,
+      model_dir=str(tmp_path)))
+  lines = [r.getMessage() for r in caplog.records
+           if r.getMessage().startswith("eval at step")]
+  assert [l.split()[3] for l in lines] == ["4", "8", "12"]
+  assert lines[-1].endswith("| 7 examples")  # 37 - round(0.8 * 37) = 7
+  assert result.summary["eval_examples"] == 7
+  assert f"{result.summary['eval_loss']:.4f}" in lines[-1]
+
+
+def test_no_eval_split_means_no_evaluation(tmp_path):
+  result = train.train(tiny_config(model_dir=str(tmp_path)))
+  assert result.summary["eval_loss"] is None
+  assert result.summary["eval_accuracy"] is None
+
+
+def test_unknown_eval_split_is_refused_before_training(tmp_path):
+  with pytest.raises(ConfigError, match=r"^--eval_split=test: is not a split"):
+    train.train(tiny_config(eval_split="test", model_dir=str(tmp_path)))
