@@ -56,6 +56,12 @@ class Config:
   checkpoint_every: int = 0  # steps; 0 = only at the end
   keep_checkpoints: int = 5
   allow_resume_change: bool = False
+  # What users see: summaries, progress, profiler, export (issue 7).
+  summary_every: int = 10  # TensorBoard scalars every N steps; 0 = none
+  progress: bool = True  # a progress bar when stdout is a terminal
+  profile_steps: Tuple[int, ...] = ()  # (START, END): trace those steps
+  export: bool = True  # write the model for serving at the end
+  export_dir: str = ""  # "" = model_dir/export
 
   def __post_init__(self):
     self.validate()
@@ -113,6 +119,16 @@ class Config:
                        self.cpu_devices or ",".join(self.devices),
                        "is not used by --strategy=multi_worker, which takes "
                        "every local GPU, else one CPU, per worker; drop it.")
+    # What users see (issue 7).
+    _non_negative("summary_every", self.summary_every)
+    if self.profile_steps and not (
+        len(self.profile_steps) == 2 and
+        all(isinstance(s, int) for s in self.profile_steps) and
+        1 <= self.profile_steps[0] <= self.profile_steps[1]):
+      raise flag_error("profile_steps",
+                       ",".join(str(s) for s in self.profile_steps),
+                       "must be START,END with 1 <= START <= END (steps "
+                       "counted from 1), e.g. 10,20.")
 
 
 def _one_of(flag, value, valid):

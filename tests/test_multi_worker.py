@@ -60,7 +60,11 @@ def test_two_workers_match_one_replica(tmp_path, optimizer, cross_device_ops):
   assert "AutoShardPolicy" not in out.stdout  # the policy is explicit
   # Only the chief wrote model_dir; worker 1's temp dir is gone.
   assert sorted(os.listdir(tmp_path / "mw")) == [
-      "checkpoints", "summary.json", "weights.npz"]
+      "checkpoints", "export", "summary.json", "train", "weights.npz"]
+  # Only the chief reports progress; worker 1 logs warnings and errors only.
+  lines = out.stdout.splitlines()
+  assert any(l.startswith("[worker 0] ") and "| loss " in l for l in lines)
+  assert not any(l.startswith("[worker 1] ") and "| loss " in l for l in lines)
   assert f"ckpt-{STEPS}.index" in os.listdir(tmp_path / "mw" / "checkpoints")
   summary = json.loads((tmp_path / "mw" / "summary.json").read_text())
   assert summary["num_workers"] == 2 and summary["num_replicas"] == 2
