@@ -9,6 +9,7 @@ Workers other than the chief get no-op writers (as Orbit does) instead of
 import os
 from typing import Callable, Mapping
 
+import numpy as np
 import tensorflow as tf
 
 from engine import hooks
@@ -46,6 +47,7 @@ class SummaryHook(hooks.Hook):
     self._learning_rate = learning_rate
     on = enabled and every > 0
     self._train = make_writer(os.path.join(model_dir, "train"), on)
+    self._write = self._write_fn()
     # Opened lazily, so a run without evaluation has no empty eval run in
     # TensorBoard; it does not depend on --summary_every.
     self._eval_dir = os.path.join(model_dir, "eval")
@@ -59,17 +61,32 @@ class SummaryHook(hooks.Hook):
     wanted = [k for k in range(len(rows)) if (first + k) % self._every == 0]
     if not wanted:
       return
-    examples_per_sec = float(rows[:, 2].sum()) / seconds
-    steps_per_sec = len(rows) / seconds
-    learning_rate = self._learning_rate()
-    with self._train.as_default():
-      for k in wanted:
-        loss, accuracy, _, grad_norm = (float(v) for v in rows[k])
-        s = first + k
-        for tag, value in zip(TRAIN_TAGS, (
-            loss, accuracy, learning_rate, examples_per_sec, steps_per_sec,
-            grad_norm)):
-          tf.summary.scalar(tag, value, step=s)
+    n = len(wanted)
+    values = np.stack([
+        rows[wanted, 0], rows[wanted, 1],
+        np.full(n, self._learning_rate()),
+        np.full(n, float(rows[:, 2].sum()) / seconds),
+        np.full(n, len(rows) / seconds),
+        rows[wanted, 3]], axis=1).astype(np.float32)
+    for k, row in zip(wanted, values):
+      self._write(row, np.int64(first + k))
+
+  def _write_fn(self):
+    """All tags of one summary step in one traced call.
+
+    Eager `tf.summary.scalar` costs about 1 ms per scalar on a busy CPU; one
+    tf.function call for all of them costs a few times less. It runs on the
+    host after the host call, never inside the compiled train loop. (No
+    `tf.range` over steps here: its while loop would prefix every tag.)
+    """
+    @tf.function(input_signature=[
+        tf.TensorSpec([len(TRAIN_TAGS)], tf.float32),
+        tf.TensorSpec([], tf.int64)])
+    def write(values, step):
+      with self._train.as_default():
+        for k, tag in enumerate(TRAIN_TAGS):
+          tf.summary.scalar(tag, values[k], step=step)
+    return write
 
   def write_eval(self, step: int, metrics: Mapping[str, float]) -> None:
     """Writes one evaluation to model_dir/eval.
