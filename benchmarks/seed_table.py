@@ -9,8 +9,9 @@ one device with batch 64; N devices with global batch 64; N devices with
 global batch 64 x N; then the same three for multi_worker through
 `engine.launch` (1 worker; N workers with global batch 64; N workers with
 64 each; one replica per worker). Every cell runs the engine and Keras `fit`
-(benchmarks/throughput.py's runner, under the same strategy), each in its own
-processes, one after another. Seconds per epoch = examples per epoch / the
+(benchmarks/throughput.py's runner, under the same strategy), one after the
+other: the mirrored table in one child process, the multi_worker cells in
+their own worker processes. Seconds per epoch = examples per epoch / the
 steady-state rate (the first, tracing steps left out), measured over
 `--epochs` epochs or `--warmup` + `--steps` steps.
 
@@ -46,6 +47,7 @@ flags.DEFINE_integer("timeout", 3600, "Seconds one run may take.")
 # Internal: a Keras `fit` child (also under engine.launch, which sets the
 # cluster flags).
 flags.DEFINE_string("fit_result", None, "Internal: run fit, write JSON here.")
+flags.DEFINE_string("cells", None, "Internal: run these mirrored cells.")
 flags.DEFINE_string("strategy", "mirrored", "Internal: the fit child's.")
 flags.DEFINE_integer("global_batch", SEED_BATCH, "Internal: the fit child's.")
 flags.DEFINE_list("worker_hosts", [], "Internal: set by engine.launch.")
@@ -78,25 +80,15 @@ def data_source():
             n, classes)
 
 
-def _data_flags(source, num_examples, num_classes):
-  """(engine flags, fit child flags) that select the same data."""
+def _data_fields(source, num_examples, num_classes):
+  """Config fields that select the table's data."""
   if source == "synthetic":
-    return (["--dataset=synthetic", f"--synthetic_examples={num_examples}",
-              f"--num_classes={num_classes}"],
-            [f"--num_examples={num_examples}", f"--num_classes={num_classes}"])
-  tfds_flags = [f"--dataset={FLAGS.dataset}"] + (
-      [f"--data_dir={FLAGS.data_dir}"] if FLAGS.data_dir else [])
-  return tfds_flags, tfds_flags
-
-
-def _place(strategy, n):
-  """Flags that put `strategy` on the first n of the table's devices."""
-  if strategy == "multi_worker":
-    return []  # one CPU (or every local GPU) per worker, set by the engine
-  strategy_flag = [f"--strategy={strategy}"]
-  if FLAGS.devices:
-    return strategy_flag + [f"--devices={','.join(FLAGS.devices[:n])}"]
-  return strategy_flag + [f"--cpu_devices={n}"]
+    return dict(dataset="synthetic", synthetic_examples=num_examples,
+                num_classes=num_classes)
+  fields = dict(dataset=FLAGS.dataset)
+  if FLAGS.data_dir:
+    fields["data_dir"] = FLAGS.data_dir
+  return fields
 
 
 # Keras 3 `fit` under MultiWorkerMirroredStrategy with two or more workers
@@ -126,42 +118,98 @@ def _launcher(workers, module, flag_list):
           f"--module={module}", "--", *flag_list]
 
 
-def run_cell(strategy, n, global_batch, data_flags, steps_per_epoch):
-  """(engine, fit) examples/s for one cell of the grid."""
-  per_replica = global_batch // n
-  tmp = tempfile.mkdtemp(prefix="tfengine_seed_table_")
+def _engine_fields(strategy, n, global_batch, data_fields, fit_steps, tmp):
+  """The engine's Config fields for one cell (also what fit reads from it)."""
+  fields = dict(
+      model=FLAGS.model, image_size=FLAGS.image_size, optimizer="adam",
+      learning_rate=0.001, batch_size_per_replica=global_batch // n,
+      steps_per_loop=FLAGS.steps_per_loop, export=False,
+      log_every=FLAGS.warmup + fit_steps, model_dir=os.path.join(tmp, "m"),
+      **data_fields)
   if FLAGS.epochs:
-    schedule = [f"--epochs={FLAGS.epochs}"]
-    fit_steps = FLAGS.epochs * steps_per_epoch - FLAGS.warmup
+    fields["epochs"] = FLAGS.epochs
   else:
-    schedule = [f"--train_steps={FLAGS.warmup + FLAGS.steps}"]
-    fit_steps = FLAGS.steps
-  model = [f"--model={FLAGS.model}", f"--image_size={FLAGS.image_size}"]
-  engine_flags = [*model, *data_flags[0], *_place(strategy, n), *schedule,
-                  "--optimizer=adam", "--learning_rate=0.001",
-                  f"--batch_size_per_replica={per_replica}",
-                  f"--steps_per_loop={FLAGS.steps_per_loop}", "--noexport",
-                  f"--log_every={FLAGS.warmup + fit_steps}",
-                  f"--model_dir={tmp}/engine"]
-  result = os.path.join(tmp, "fit.json")
-  fit_flags = [*model, *data_flags[1], *_place(strategy, n),
-               f"--global_batch={global_batch}", f"--warmup={FLAGS.warmup}",
-               f"--steps={fit_steps}", f"--fit_result={result}"]
-  if strategy == "multi_worker":
-    _run(_launcher(n, "engine.main", engine_flags))
-    fit_ran = _run(_launcher(n, "benchmarks.seed_table", fit_flags),
-                   KERAS_MWMS_BUG if n > 1 else None)
-  else:
-    _run([sys.executable, "-m", "engine.main", *engine_flags])
-    fit_ran = _run([sys.executable, "-m", "benchmarks.seed_table", *fit_flags])
-  with open(os.path.join(tmp, "engine", "summary.json")) as f:
+    fields["train_steps"] = FLAGS.warmup + FLAGS.steps
+  if strategy != "multi_worker":  # multi_worker: one CPU or all GPUs each
+    fields["strategy"] = strategy
+    if FLAGS.devices:
+      fields["devices"] = tuple(FLAGS.devices[:n])
+    else:
+      fields["cpu_devices"] = n
+  return fields
+
+
+def _as_flags(fields):
+  out = []
+  for k, v in fields.items():
+    if isinstance(v, bool):
+      out.append(f"--{k}" if v else f"--no{k}")
+    elif isinstance(v, tuple):
+      out.append(f"--{k}={','.join(v)}")
+    else:
+      out.append(f"--{k}={v}")
+  return out
+
+
+def run_mirrored(cells, tmp):
+  """(engine, fit) examples/s per cell, all in one child process.
+
+  One process for the whole table: the logical devices are set up once, and
+  the engine (train.train, the code engine.main runs) and fit alternate on
+  them; a process per run would spend more time starting than the reduced
+  test spends training.
+  """
+  spec = os.path.join(tmp, "cells.json")
+  with open(spec, "w") as f:
+    json.dump(cells, f)
+  cpus = max(c["fields"].get("cpu_devices", 0) for c in cells)
+  _run([sys.executable, "-m", "benchmarks.seed_table", f"--cells={spec}",
+        f"--cpu_devices={cpus}", f"--warmup={FLAGS.warmup}"])
+  with open(spec + ".out") as f:
+    return [tuple(r) for r in json.load(f)]
+
+
+def cells_child():
+  """Runs the --cells spec (engine, then fit, per cell) in this process."""
+  from engine import devices, train  # pylint: disable=g-import-not-at-top
+  from engine.config import Config  # pylint: disable=g-import-not-at-top
+  devices.configure_host(FLAGS.cpu_devices)
+  with open(FLAGS.cells) as f:
+    cells = json.load(f)
+  results = []
+  for cell in cells:
+    fields = dict(cell["fields"])
+    if "devices" in fields:
+      fields["devices"] = tuple(fields["devices"])
+    engine = train.train(Config(**fields)).summary["examples_per_sec"]
+    FLAGS.steps = cell["fit_steps"]  # run_fit times the steps after --warmup
+    fields["model_dir"] += "_fit"
+    results.append((engine, throughput.run_fit(Config(**fields))))
+  with open(FLAGS.cells + ".out", "w") as f:
+    json.dump(results, f)
+
+
+def run_multi_worker(n, fields, fit_steps, global_batch, tmp):
+  """(engine, fit or None) examples/s for a cell run under engine.launch."""
+  _run(_launcher(n, "engine.main", _as_flags(fields)))
+  with open(os.path.join(fields["model_dir"], "summary.json")) as f:
     engine_rate = json.load(f)["examples_per_sec"]
-  fit_rate = None
-  if fit_ran:
-    with open(result) as f:
-      fit_rate = json.load(f)["rate"]
-  shutil.rmtree(tmp, ignore_errors=True)
-  return engine_rate, fit_rate
+  result = os.path.join(tmp, "fit.json")
+  data = {k: fields[k] for k in ("model", "image_size")}
+  data.update({"num_examples": fields.get("synthetic_examples", 0),
+               "num_classes": fields.get("num_classes", 10)})
+  if fields["dataset"] != "synthetic":
+    data.update(dataset=fields["dataset"])
+    if fields.get("data_dir"):
+      data.update(data_dir=fields["data_dir"])
+  fit_flags = [*_as_flags(data), f"--global_batch={global_batch}",
+               f"--warmup={FLAGS.warmup}", f"--steps={fit_steps}",
+               f"--fit_result={result}"]
+  if not _run(_launcher(n, "benchmarks.seed_table", fit_flags),
+              KERAS_MWMS_BUG if n > 1 else None):
+    return engine_rate, None
+  with open(result) as f:
+    return engine_rate, json.load(f)["rate"]
 
 
 def fit_child():
@@ -198,7 +246,7 @@ def table():
   if SEED_BATCH % n:
     sys.exit(f"error: N={n} devices: the global batch 64 must divide by N.")
   source, why, num_examples, num_classes = data_source()
-  data_flags = _data_flags(source, num_examples, num_classes)
+  data_fields = _data_fields(source, num_examples, num_classes)
   cells = [(1, SEED_BATCH), (n, SEED_BATCH), (n, SEED_BATCH * n)]
   tables = [("mirrored", "one host")] + (
       [("multi_worker", "through engine.launch, one replica per worker")]
@@ -209,18 +257,28 @@ def table():
             f"{FLAGS.warmup} + {FLAGS.steps} timed steps")
   for strategy, where in tables:
     unit = "worker" if strategy == "multi_worker" else "device"
-    results = []
+    tmp = tempfile.mkdtemp(prefix="tfengine_seed_table_")
+    specs = []
     for k, (devices_used, global_batch) in enumerate(cells):
       cell_strategy = ("one_device" if strategy == "mirrored" and k == 0
                        else strategy)
-      spe = -(-num_examples // global_batch)
-      rates = run_cell(cell_strategy, devices_used, global_batch, data_flags,
-                       spe)
+      fit_steps = (FLAGS.epochs * -(-num_examples // global_batch) -
+                   FLAGS.warmup if FLAGS.epochs else FLAGS.steps)
+      specs.append(dict(fit_steps=fit_steps, fields=_engine_fields(
+          cell_strategy, devices_used, global_batch, data_fields, fit_steps,
+          os.path.join(tmp, str(k)))))
+    if strategy == "multi_worker":
+      results = [run_multi_worker(d, spec["fields"], spec["fit_steps"], b,
+                                  os.path.join(tmp, str(k)))
+                 for k, ((d, b), spec) in enumerate(zip(cells, specs))]
+    else:
+      results = run_mirrored(specs, tmp)
+    shutil.rmtree(tmp, ignore_errors=True)
+    for (devices_used, global_batch), rates in zip(cells, results):
       print(f"{strategy}: {devices_used} {unit}(s), global batch "
             f"{global_batch}: engine {rates[0]:.1f}, fit "
             f"{'fails' if rates[1] is None else f'{rates[1]:.1f}'} examples/s",
             file=sys.stderr, flush=True)
-      results.append(rates)
     title = (f"\n{strategy} ({where}): {name}, {num_examples} images, "
              f"{num_classes} classes, {FLAGS.model} at {FLAGS.image_size}x"
              f"{FLAGS.image_size}; seconds per epoch from {length}")
@@ -246,7 +304,9 @@ def table():
 
 def main(argv):
   del argv
-  if FLAGS.fit_result:
+  if FLAGS.cells:
+    cells_child()
+  elif FLAGS.fit_result:
     fit_child()
   else:
     table()
