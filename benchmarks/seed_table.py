@@ -48,7 +48,8 @@ flags.DEFINE_integer("timeout", 3600, "Seconds one run may take.")
 # cluster flags).
 flags.DEFINE_string("fit_result", None, "Internal: run fit, write JSON here.")
 flags.DEFINE_string("cells", None, "Internal: run these mirrored cells.")
-flags.DEFINE_string("strategy", "mirrored", "Internal: the fit child's.")
+flags.DEFINE_string("strategy", "multi_worker",
+                    "Internal: set by engine.launch.")
 flags.DEFINE_integer("global_batch", SEED_BATCH, "Internal: the fit child's.")
 flags.DEFINE_list("worker_hosts", [], "Internal: set by engine.launch.")
 flags.DEFINE_integer("task_index", -1, "Internal: set by engine.launch.")
@@ -213,27 +214,21 @@ def run_multi_worker(n, fields, fit_steps, global_batch, tmp):
 
 
 def fit_child():
-  """One Keras `fit` run (one worker of it under the launcher)."""
-  from engine import cluster, devices  # pylint: disable=g-import-not-at-top
+  """One worker of a Keras `fit` run under engine.launch (one replica each)."""
+  from engine import cluster  # pylint: disable=g-import-not-at-top
   from engine.config import Config  # pylint: disable=g-import-not-at-top
-  n = 1 if FLAGS.strategy == "multi_worker" else (
-      len(FLAGS.devices) or FLAGS.cpu_devices or 1)
-  if FLAGS.strategy != "multi_worker":
-    devices.configure_host(FLAGS.cpu_devices)
-  workers = max(1, len(FLAGS.worker_hosts))
   config = Config(
-      strategy=FLAGS.strategy, devices=tuple(FLAGS.devices),
-      cpu_devices=FLAGS.cpu_devices if FLAGS.strategy != "multi_worker" else 0,
-      worker_hosts=tuple(FLAGS.worker_hosts), task_index=FLAGS.task_index,
-      model=FLAGS.model, image_size=FLAGS.image_size,
+      strategy="multi_worker", worker_hosts=tuple(FLAGS.worker_hosts),
+      task_index=FLAGS.task_index, model=FLAGS.model,
+      image_size=FLAGS.image_size,
       dataset=("synthetic" if FLAGS.num_examples else FLAGS.dataset),
       data_dir=FLAGS.data_dir, synthetic_examples=FLAGS.num_examples or 2048,
       num_classes=FLAGS.num_classes, optimizer="adam",
-      batch_size_per_replica=FLAGS.global_batch // (n * workers),
+      batch_size_per_replica=FLAGS.global_batch // len(FLAGS.worker_hosts),
       train_steps=FLAGS.warmup + FLAGS.steps, model_dir=tempfile.mkdtemp())
   rate = throughput.run_fit(config)  # times the steps after --warmup
   cluster.stop_watchdog()  # the last collective is done; peers may exit
-  if FLAGS.task_index <= 0:  # the chief (or the only process) reports
+  if FLAGS.task_index == 0:  # the chief reports
     with open(FLAGS.fit_result, "w") as f:
       json.dump({"rate": rate}, f)
 

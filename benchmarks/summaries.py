@@ -49,8 +49,9 @@ def main(argv):
   for r in range(FLAGS.rounds):
     order = list(variants) if r % 2 == 0 else list(variants)[::-1]
     for v in order:
+      base = throughput._config()  # pylint: disable=protected-access
       config = dataclasses.replace(
-          throughput._config(), summary_every=variants[v], export=False,  # pylint: disable=protected-access
+          base, summary_every=variants[v], export=False,
           model_dir=tempfile.mkdtemp(prefix="tfengine_bench_summaries_"))
       before = spent[0]
       rate = throughput.run_engine(config)
