@@ -12,7 +12,7 @@ _BAR_WIDTH = 30
 
 
 def make_hook(*, chief: bool, enabled: bool, log_every: int, total_steps: int,
-              steps_per_epoch: int, stream: TextIO = sys.stdout) -> hooks.Hook:
+              steps_per_epoch: int, stream: TextIO = None) -> hooks.Hook:
   """The progress hook for this process.
 
   Args:
@@ -21,8 +21,10 @@ def make_hook(*, chief: bool, enabled: bool, log_every: int, total_steps: int,
     log_every: steps between log lines (when there is no bar).
     total_steps: the step the run ends at.
     steps_per_epoch: steps in one epoch; the bar restarts every epoch.
-    stream: where the bar goes, if it is a terminal.
+    stream: where the bar goes, if it is a terminal (default: stdout as it
+      is now, not as it was at import).
   """
+  stream = stream or sys.stdout
   if not chief:
     return hooks.Hook()
   if enabled and stream.isatty():
