@@ -119,8 +119,10 @@ def test_killed_worker_stops_its_peer(tmp_path):
           "--strategy=multi_worker", f"--worker_hosts={hosts}",
           f"--task_index={i}", *tiny_flags(model_dir=str(tmp_path / "m"),
                                            **LONG)), open(logs[i], "w")))
-    assert _wait_for(lambda: logs[1].read_text().splitlines(), "step 5/",
-                     time.monotonic() + 90), logs[1].read_text()[-2000:]
+    # The chief logs progress (worker 1 logs warnings only); both workers
+    # run every step together.
+    assert _wait_for(lambda: logs[0].read_text().splitlines(), "step 5/",
+                     time.monotonic() + 90), logs[0].read_text()[-2000:]
     os.kill(procs[1].pid, signal.SIGKILL)
     killed_at = time.monotonic()
     code = procs[0].wait(90)
@@ -318,7 +320,12 @@ def test_launcher_restarts_after_a_lost_worker(tmp_path):
     assert "launcher: restart 1/1" in text
     summary = json.loads((model_dir / "summary.json").read_text())
     assert summary["global_step"] == 30
-    assert summary["start_step"] >= 3 and summary["start_step"] % 3 == 0
+    # Resumed from a periodic checkpoint, or from the one the chief saved at
+    # the step it reached when the launcher stopped it (SIGTERM) after the
+    # loss: which one depends on where the chief was at that moment.
+    start = summary["start_step"]
+    assert start >= 3 and (start % 3 == 0 or
+                           f"preempted: SIGTERM at step {start};" in text)
   finally:
     _kill([proc])
 
