@@ -62,6 +62,12 @@ class Config:
   eval_split: str = ""  # split expression to evaluate on; "" = no evaluation
   eval_every: int = 0   # steps between evaluations; 0 = at each epoch's end
   cache: str = ""       # "" = none, "memory", or a file path prefix
+  # What users see: summaries, progress, profiler, export (issue 7).
+  summary_every: int = 10  # TensorBoard scalars every N steps; 0 = none
+  progress: bool = True  # a progress bar when stdout is a terminal
+  profile_steps: Tuple[int, ...] = ()  # (START, END): trace those steps
+  export: bool = True  # write the model for serving at the end
+  export_dir: str = ""  # "" = model_dir/export
 
   def __post_init__(self):
     self.validate()
@@ -134,6 +140,16 @@ class Config:
     if self.cache not in ("", "memory") and not os.path.isdir(cache_dir):
       raise flag_error("cache", self.cache, f"directory {cache_dir} does not "
                        "exist; use memory or a path in an existing directory.")
+    # What users see (issue 7).
+    _non_negative("summary_every", self.summary_every)
+    if self.profile_steps and not (
+        len(self.profile_steps) == 2 and
+        all(isinstance(s, int) for s in self.profile_steps) and
+        1 <= self.profile_steps[0] <= self.profile_steps[1]):
+      raise flag_error("profile_steps",
+                       ",".join(str(s) for s in self.profile_steps),
+                       "must be START,END with 1 <= START <= END (steps "
+                       "counted from 1), e.g. 10,20.")
 
 
 def _one_of(flag, value, valid):

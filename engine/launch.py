@@ -45,9 +45,9 @@ def free_ports(n: int, host: str = "127.0.0.1"):
 
 
 def worker_commands(num_workers: int, engine_flags, ports,
-                    host: str = "127.0.0.1"):
+                    host: str = "127.0.0.1", module: str = "engine.main"):
   hosts = ",".join(f"{host}:{p}" for p in ports)
-  return [[sys.executable, "-m", "engine.main", "--strategy=multi_worker",
+  return [[sys.executable, "-m", module, "--strategy=multi_worker",
            f"--worker_hosts={hosts}", f"--task_index={i}", *engine_flags]
           for i in range(num_workers)]
 
@@ -108,7 +108,8 @@ def _preempted(procs, pumps, timeout: float, interrupted, cause: str) -> int:
 
 
 def launch(num_workers: int, engine_flags, cpu_pinning: bool = False,
-           preempt_timeout: float = 60.0) -> int:
+           preempt_timeout: float = 60.0,
+           module: str = "engine.main") -> int:
   """Runs the workers to completion; returns the launcher's exit code."""
   ports = free_ports(num_workers)
   cores = sorted(os.sched_getaffinity(0))
@@ -118,7 +119,8 @@ def launch(num_workers: int, engine_flags, cpu_pinning: bool = False,
     return 2
   lock = threading.Lock()
   procs, pumps = [], []
-  for i, cmd in enumerate(worker_commands(num_workers, engine_flags, ports)):
+  for i, cmd in enumerate(worker_commands(num_workers, engine_flags, ports,
+                                          module=module)):
     pin = {cores[i]} if cpu_pinning else None
     procs.append(subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -175,8 +177,8 @@ def launch(num_workers: int, engine_flags, cpu_pinning: bool = False,
 
 
 def launch_with_restarts(num_workers: int, engine_flags, cpu_pinning: bool,
-                         max_restarts: int, preempt_timeout: float = 60.0
-                         ) -> int:
+                         max_restarts: int, preempt_timeout: float = 60.0,
+                         module: str = "engine.main") -> int:
   """Restarts all workers when one fails, up to `max_restarts` times.
 
   Workers resume from the latest checkpoint in --model_dir, so a restart costs
@@ -184,7 +186,8 @@ def launch_with_restarts(num_workers: int, engine_flags, cpu_pinning: bool,
   or bad flags (2) never restart.
   """
   for attempt in range(max_restarts + 1):
-    code = launch(num_workers, engine_flags, cpu_pinning, preempt_timeout)
+    code = launch(num_workers, engine_flags, cpu_pinning, preempt_timeout,
+                  module)
     if code in (0, 2, PREEMPTED) or code >= 128:
       return code
     if attempt < max_restarts:
@@ -213,6 +216,10 @@ def main(argv=None) -> int:
                       "killing them")
   parser.add_argument("--cpu_pinning", action="store_true",
                       help="pin worker i to the i-th core this process may use")
+  # Another program with engine.main's cluster flags, e.g. the Keras `fit`
+  # runner of benchmarks/seed_table.py.
+  parser.add_argument("--module", default="engine.main",
+                      help="python module each worker runs (python -m)")
   argv = sys.argv[1:] if argv is None else argv
   ours, engine_flags = (argv[:argv.index("--")], argv[argv.index("--") + 1:]
                         ) if "--" in argv else (argv, [])
@@ -229,7 +236,7 @@ def main(argv=None) -> int:
       parser.error(f"{f}: the launcher sets this flag itself; drop it.")
   return launch_with_restarts(args.num_workers, engine_flags,
                               args.cpu_pinning, args.max_restarts,
-                              args.preempt_timeout)
+                              args.preempt_timeout, args.module)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from absl import flags
 from absl import logging
 
 from engine import config as config_lib
-from engine.errors import ConfigError
+from engine.errors import ConfigError, flag_error
 
 # Defaults live in the dataclass, not here.
 _DEF = {f.name: f.default for f in dataclasses.fields(config_lib.Config)}
@@ -100,6 +100,22 @@ flags.DEFINE_string("cache", _DEF["cache"],
                     "Cache decoded images: memory, or a file path prefix "
                     "(empty: no cache).")
 
+# What users see (issue 7).
+flags.DEFINE_integer("summary_every", _DEF["summary_every"],
+                     "Write TensorBoard scalars to model_dir/train every N "
+                     "steps (0: none).")
+flags.DEFINE_boolean("progress", _DEF["progress"],
+                     "A progress bar per epoch when stdout is a terminal; "
+                     "--noprogress logs a line every --log_every steps.")
+flags.DEFINE_list("profile_steps", list(_DEF["profile_steps"]),
+                  "START,END: capture a TensorFlow profiler trace of these "
+                  "steps into model_dir/plugins/profile.")
+flags.DEFINE_boolean("export", _DEF["export"],
+                     "At the end, write model.keras and a serving SavedModel "
+                     "to --export_dir.")
+flags.DEFINE_string("export_dir", _DEF["export_dir"],
+                    "Where the model is exported (default model_dir/export).")
+
 FLAGS = flags.FLAGS
 
 _TUPLE_FLAGS = ("devices", "worker_hosts")
@@ -109,7 +125,16 @@ def config_from_flags() -> config_lib.Config:
   values = {name: FLAGS[name].value for name in _DEF}
   for name in _TUPLE_FLAGS:
     values[name] = tuple(values[name] or ())
+  values["profile_steps"] = _ints("profile_steps", FLAGS.profile_steps)
   return config_lib.Config(**values)
+
+
+def _ints(flag, items):
+  try:
+    return tuple(int(v) for v in items or ())
+  except ValueError as e:
+    raise flag_error(flag, ",".join(items),
+                     "must be integers, e.g. 10,20.") from e
 
 
 def main(argv):

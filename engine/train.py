@@ -15,8 +15,8 @@ import tensorflow as tf
 
 import data
 import models
-from engine import (checkpoint, cluster, devices, evaluate, hooks, preemption,
-                    step)
+from engine import (checkpoint, cluster, devices, evaluate, preemption,
+                    reporting, step)
 from engine.config import Config
 from engine.errors import flag_error
 from engine.optimizers import create_optimizer
@@ -30,6 +30,7 @@ class Result:
   accuracies: np.ndarray     # global accuracy per step
   weights: List[np.ndarray]  # final trainable weights, replica 0
   traces: int                # times the compiled loop was traced (want 1)
+  model: keras.Model = None  # the trained model (export tests compare to it)
 
 
 def check_model_dir(path: str) -> None:
@@ -118,7 +119,10 @@ def train(config: Config, extra_hooks=()) -> Result:
   ckpt_hook = checkpoint.CheckpointHook(
       checkpointer, config.checkpoint_every,
       preemption.StopAgreement(strategy, config))
-  hook_list = [hooks.LogHook(config.log_every, total_steps), *extra_hooks,
+  hook_list = [*reporting.make_hooks(
+      config, chief=chief, output_dir=output_dir, optimizer=optimizer,
+      start_step=start_step, total_steps=total_steps,
+      steps_per_epoch=info.steps_per_epoch), *extra_hooks,
                evaluate.make_hook(config, strategy, model, global_batch,
                                   info.steps_per_epoch, total_steps, workers),
                ckpt_hook]
@@ -127,6 +131,7 @@ def train(config: Config, extra_hooks=()) -> Result:
         train_loop, iterator, start_step, total_steps, config, hook_list)
   finally:
     ckpt_hook.close()
+    reporting.close(hook_list)
   cluster.stop_watchdog()  # the last collective is done; peers may now exit
   losses, accuracies = history[:, 0], history[:, 1]
   window = accuracies[-config.log_every:]
@@ -160,10 +165,11 @@ def train(config: Config, extra_hooks=()) -> Result:
   weights = [np.array(v.numpy()) for v in model.trainable_variables]
   if config.weights_out:
     np.savez(os.path.join(output_dir, config.weights_out), *weights)
+  reporting.finish(config, model, chief=chief, output_dir=output_dir)
   if not chief:
     shutil.rmtree(output_dir, ignore_errors=True)
   return Result(summary, losses, accuracies, weights,
-                train_loop.experimental_get_tracing_count())
+                train_loop.experimental_get_tracing_count(), model)
 
 
 def _run(train_loop, iterator, start_step: int, total_steps: int,

@@ -34,6 +34,7 @@ def test_train_writes_summary_and_logs_progress(tmp_path):
   assert [l.split("step ")[1].split(" ")[0] for l in progress] == [
       "4/16", "8/16", "12/16", "16/16"]
   assert "examples/s" in progress[-1]
+  assert "ETA" not in proc.stdout  # no terminal: log lines, no progress bar
   assert "Global batch 16 on 1 worker(s)" in proc.stderr
 
 

@@ -60,7 +60,11 @@ def test_two_workers_match_one_replica(tmp_path, optimizer, cross_device_ops):
   assert "AutoShardPolicy" not in out.stdout  # the policy is explicit
   # Only the chief wrote model_dir; worker 1's temp dir is gone.
   assert sorted(os.listdir(tmp_path / "mw")) == [
-      "checkpoints", "summary.json", "weights.npz"]
+      "checkpoints", "export", "summary.json", "train", "weights.npz"]
+  # Only the chief reports progress; worker 1 logs warnings and errors only.
+  lines = out.stdout.splitlines()
+  assert any(l.startswith("[worker 0] ") and "| loss " in l for l in lines)
+  assert not any(l.startswith("[worker 1] ") and "| loss " in l for l in lines)
   assert f"ckpt-{STEPS}.index" in os.listdir(tmp_path / "mw" / "checkpoints")
   summary = json.loads((tmp_path / "mw" / "summary.json").read_text())
   assert summary["num_workers"] == 2 and summary["num_replicas"] == 2
@@ -115,8 +119,10 @@ def test_killed_worker_stops_its_peer(tmp_path):
           "--strategy=multi_worker", f"--worker_hosts={hosts}",
           f"--task_index={i}", *tiny_flags(model_dir=str(tmp_path / "m"),
                                            **LONG)), open(logs[i], "w")))
-    assert _wait_for(lambda: logs[1].read_text().splitlines(), "step 5/",
-                     time.monotonic() + 90), logs[1].read_text()[-2000:]
+    # The chief logs progress (worker 1 logs warnings only); both workers
+    # run every step together.
+    assert _wait_for(lambda: logs[0].read_text().splitlines(), "step 5/",
+                     time.monotonic() + 90), logs[0].read_text()[-2000:]
     os.kill(procs[1].pid, signal.SIGKILL)
     killed_at = time.monotonic()
     code = procs[0].wait(90)
@@ -297,7 +303,12 @@ def test_launcher_restarts_after_a_lost_worker(tmp_path):
     assert "launcher: restart 1/1" in text
     summary = json.loads((model_dir / "summary.json").read_text())
     assert summary["global_step"] == 30
-    assert summary["start_step"] >= 3 and summary["start_step"] % 3 == 0
+    # Resumed from a periodic checkpoint, or from the one the chief saved at
+    # the step it reached when the launcher stopped it (SIGTERM) after the
+    # loss: which one depends on where the chief was at that moment.
+    start = summary["start_step"]
+    assert start >= 3 and (start % 3 == 0 or
+                           f"preempted: SIGTERM at step {start};" in text)
   finally:
     _kill([proc])
 

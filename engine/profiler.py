@@ -1,0 +1,70 @@
+"""`--profile_steps=START,END`: a TensorFlow profiler trace of exactly those steps.
+
+The hook makes the loop end a host call after step START - 1 and after step
+END (through `next_stop`), starts the profiler at the first of those and stops
+it at the second, so the trace holds steps START..END and nothing else. The
+trace goes to model_dir/plugins/profile/<time>/, where TensorBoard's profile
+tab (the tensorboard-plugin-profile package) finds it.
+"""
+import math
+from typing import Tuple
+
+from absl import logging
+import tensorflow as tf
+
+from engine import hooks
+
+
+class ProfileHook(hooks.Hook):
+  """Profiles steps START..END (1-based, inclusive) into `logdir`."""
+
+  def __init__(self, logdir: str, steps: Tuple[int, int], start_step: int,
+               *, enabled: bool):
+    """Starts at once if the run begins right before START.
+
+    Args:
+      logdir: the profiler's log directory (model_dir).
+      steps: (START, END).
+      start_step: the step this run starts from (after a resume).
+      enabled: False on non-chief workers: they are not profiled.
+    """
+    self._logdir = logdir
+    self._first, self._last = steps
+    self._on = False
+    self._enabled = enabled
+    if start_step > self._first - 1:
+      logging.warning("--profile_steps=%d,%d: the run starts at step %d, "
+                      "after START; no trace is taken.", self._first,
+                      self._last, start_step + 1)
+      self._enabled = False
+    elif start_step == self._first - 1:
+      self._start()
+
+  def next_stop(self, step):
+    if not self._enabled:
+      return math.inf
+    if step < self._first - 1:
+      return self._first - 1
+    return self._last if step < self._last else math.inf
+
+  def after_loop(self, step, rows, seconds):
+    if self._enabled and step == self._first - 1:
+      self._start()
+    elif self._on and step >= self._last:
+      self.close()
+
+  def end(self, summary):
+    self.close()
+
+  def _start(self):
+    if self._enabled:
+      tf.profiler.experimental.start(self._logdir)
+      self._on = True
+
+  def close(self):
+    """Stops a trace in progress (also when training ends early)."""
+    if self._on:
+      tf.profiler.experimental.stop()
+      self._on = False
+      logging.info("Profiled steps %d-%d into %s/plugins/profile.",
+                   self._first, self._last, self._logdir)

@@ -1,0 +1,58 @@
+"""What users see, wired in one place: progress, TensorBoard, profiler, export.
+
+`train.py` calls `make_hooks` once and `finish` at the end; the pieces live in
+progress.py, summaries.py, profiler.py and export.py.
+"""
+import os
+from typing import List
+
+from absl import logging
+import numpy as np
+
+from engine import export, hooks, profiler, progress, summaries
+from engine.config import Config
+
+
+def make_hooks(config: Config, *, chief: bool, output_dir: str, optimizer,
+               start_step: int, total_steps: int,
+               steps_per_epoch: int) -> List[hooks.Hook]:
+  """The progress, summary and (with --profile_steps) profiler hooks.
+
+  On workers other than the chief, logging is lowered to warnings and errors
+  and the hooks write nothing, so N workers print one copy of the progress.
+  """
+  if not chief:
+    logging.set_verbosity(logging.WARNING)
+  hook_list = [
+      progress.make_hook(chief=chief, enabled=config.progress,
+                         log_every=config.log_every, total_steps=total_steps,
+                         steps_per_epoch=steps_per_epoch),
+      summaries.SummaryHook(
+          output_dir, enabled=chief, every=config.summary_every,
+          learning_rate=lambda: float(np.asarray(optimizer.learning_rate))),
+  ]
+  if config.profile_steps:
+    hook_list.append(profiler.ProfileHook(
+        output_dir, config.profile_steps, start_step, enabled=chief))
+  return hook_list
+
+
+def close(hook_list) -> None:
+  """Stops a profiler trace still running when training ends early."""
+  for h in hook_list:
+    if isinstance(h, profiler.ProfileHook):
+      h.close()
+
+
+def export_dir(config: Config, chief: bool, output_dir: str) -> str:
+  """--export_dir on the chief (default model_dir/export); a private one elsewhere."""
+  if chief and config.export_dir:
+    return config.export_dir
+  return os.path.join(output_dir, "export")
+
+
+def finish(config: Config, model, *, chief: bool, output_dir: str) -> None:
+  """Exports the trained model (every worker, so saving stays collective-safe)."""
+  if config.export:
+    export.export(model, export_dir(config, chief, output_dir),
+                  config.image_size)

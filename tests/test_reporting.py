@@ -1,0 +1,230 @@
+"""What users see: TensorBoard events, progress, profiler traces, exported models."""
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.core.util import event_pb2
+
+from conftest import ROOT, engine_cmd, tiny_config
+from engine import export, summaries, train
+from engine.errors import ConfigError
+
+
+def read_scalars(run_dir):
+  """{tag: {step: value}} from every event file in `run_dir`."""
+  out = {}
+  for name in os.listdir(run_dir):
+    for record in tf.data.TFRecordDataset(os.path.join(run_dir, name)):
+      event = event_pb2.Event.FromString(record.numpy())
+      for v in event.summary.value:
+        out.setdefault(v.tag, {})[event.step] = float(
+            tf.make_ndarray(v.tensor))
+  return out
+
+
+def test_train_events_hold_every_tag_at_every_summary_step(tmp_path):
+  result = train.train(tiny_config(cpu_devices=2, train_steps=8,
+                                   summary_every=2, learning_rate=0.003,
+                                   model_dir=str(tmp_path)))
+  scalars = read_scalars(tmp_path / "train")
+  assert sorted(scalars) == sorted(summaries.TRAIN_TAGS)
+  for tag in summaries.TRAIN_TAGS:
+    assert sorted(scalars[tag]) == [2, 4, 6, 8], tag
+  for s in (2, 4, 6, 8):  # the same numbers the loop returned
+    assert scalars["loss"][s] == pytest.approx(result.losses[s - 1], rel=1e-6)
+    assert scalars["accuracy"][s] == pytest.approx(result.accuracies[s - 1])
+    assert scalars["learning_rate"][s] == pytest.approx(0.003)
+    assert scalars["examples_per_sec"][s] > 0
+    assert scalars["steps_per_sec"][s] > 0
+    assert scalars["grad_norm"][s] > 0
+  assert scalars["grad_norm"][8] == pytest.approx(
+      result.summary["final_grad_norm"], rel=1e-6)
+  assert not (tmp_path / "eval").exists()  # no evaluation, no eval run
+
+
+def test_write_eval_writes_the_eval_run(tmp_path):
+  hook = summaries.SummaryHook(str(tmp_path), enabled=True, every=0,
+                               learning_rate=lambda: 0.1)
+  hook.write_eval(10, {"eval_loss": 0.5, "eval_accuracy": 0.75})
+  hook.write_eval(20, {"eval_loss": 0.25, "eval_accuracy": 0.875})
+  hook.end({})
+  assert read_scalars(tmp_path / "eval") == {
+      "loss": {10: 0.5, 20: 0.25}, "accuracy": {10: 0.75, 20: 0.875}}
+  assert not (tmp_path / "train").exists()  # every=0: no train summaries
+
+
+def test_non_chief_writes_no_event_files(tmp_path):
+  hook = summaries.SummaryHook(str(tmp_path), enabled=False, every=1,
+                               learning_rate=lambda: 0.1)
+  hook.after_loop(1, np.ones((1, 4), np.float32), 0.5)
+  hook.write_eval(1, {"eval_loss": 0.5})
+  hook.end({})
+  assert os.listdir(tmp_path) == []
+
+
+def test_profile_steps_leave_a_trace(tmp_path):
+  train.train(tiny_config(train_steps=6, profile_steps=(3, 4), export=False,
+                          model_dir=str(tmp_path)))
+  runs = os.listdir(tmp_path / "plugins" / "profile")
+  assert len(runs) == 1
+  files = os.listdir(tmp_path / "plugins" / "profile" / runs[0])
+  assert any(f.endswith(".xplane.pb") for f in files), files
+  assert all(os.path.getsize(tmp_path / "plugins" / "profile" / runs[0] / f)
+             > 0 for f in files)
+
+
+@pytest.mark.parametrize("steps", [(0, 3), (4, 3), (3,)])
+def test_bad_profile_steps_are_refused(steps):
+  with pytest.raises(ConfigError, match="--profile_steps="):
+    tiny_config(profile_steps=steps)
+
+
+# Runs in a fresh interpreter that cannot import this repository's packages.
+_LOADER = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+  def find_spec(self, name, path, target=None):
+    if name.split(".")[0] in ("engine", "models", "data", "benchmarks"):
+      raise ImportError("blocked: " + name)
+sys.meta_path.insert(0, Block())
+import numpy as np, keras, tensorflow as tf
+d, images = sys.argv[1], np.load(sys.argv[2])
+np.save(sys.argv[3], keras.saving.load_model(d + "/model.keras")(images))
+served = tf.saved_model.load(d + "/saved_model").signatures["serving_default"]
+out = served(images=tf.constant(images))
+np.save(sys.argv[4], out["logits"].numpy())
+np.save(sys.argv[5], out["probabilities"].numpy())
+"""
+
+
+def load_elsewhere(export_dir, images, tmp_path):
+  """Predictions of both exported formats, from an interpreter without us."""
+  np.save(tmp_path / "images.npy", images)
+  outs = [tmp_path / f"{n}.npy" for n in ("keras", "logits", "probs")]
+  env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+  proc = subprocess.run(
+      [sys.executable, "-I", "-c", _LOADER, str(export_dir),
+       str(tmp_path / "images.npy"), *map(str, outs)],
+      cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return [np.load(o) for o in outs]
+
+
+def assert_same_predictions(got, want):
+  keras_out, logits, probabilities = got
+  assert np.isfinite(want).all() and np.ptp(want) > 0
+  np.testing.assert_allclose(keras_out, want, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(logits, want, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(probabilities, tf.nn.softmax(want).numpy(),
+                             rtol=1e-5, atol=1e-6)
+
+
+IMAGES = np.random.default_rng(0).uniform(size=(5, 32, 32, 3)).astype(
+    np.float32)
+
+
+def test_trained_model_export_round_trip(tmp_path):
+  """small_cnn, exported at the end of a 2-replica run."""
+  result = train.train(tiny_config(cpu_devices=2, train_steps=2,
+                                   model_dir=str(tmp_path / "m")))
+  want = result.model(IMAGES, training=False).numpy()
+  assert want.shape == (5, 10)
+  assert_same_predictions(
+      load_elsewhere(tmp_path / "m" / "export", IMAGES, tmp_path), want)
+
+
+def test_mobilenet_v2_export_round_trip(tmp_path):
+  """mobilenet_v2 built in a 2-replica scope, as train.py builds it.
+
+  Training it here would cost most of a minute; every variable (BatchNorm's
+  moving statistics too) is set to random values instead, so a format that
+  dropped or reordered any of them would predict differently.
+  """
+  import models  # pylint: disable=g-import-not-at-top
+  strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+  with strategy.scope():
+    model = models.create_model("mobilenet_v2", 10, 32)
+  rng = np.random.default_rng(1)
+  for v in model.variables:
+    value = rng.uniform(0.5, 1.5, v.shape) if "variance" in v.path else (
+        rng.normal(0.0, 0.1, v.shape))
+    v.assign(value.astype(np.float32))
+  export.export(model, str(tmp_path / "export"), 32)
+  want = model(IMAGES, training=False).numpy()
+  assert_same_predictions(load_elsewhere(tmp_path / "export", IMAGES,
+                                         tmp_path), want)
+
+
+def test_export_dir_flag_is_used(tmp_path):
+  train.train(tiny_config(train_steps=1, model_dir=str(tmp_path / "m"),
+                          export_dir=str(tmp_path / "e")))
+  assert sorted(os.listdir(tmp_path / "e")) == [export.KERAS_FILE,
+                                                export.SAVED_MODEL_DIR]
+  assert "export" not in os.listdir(tmp_path / "m")
+
+
+TINY = ["--model=small_cnn", "--image_size=32", "--synthetic_examples=128",
+        "--batch_size_per_replica=8", "--cpu_devices=2", "--epochs=2",
+        "--log_every=4", "--steps_per_loop=3", "--noexport"]
+
+
+def run_on_pty(flags, timeout=180):
+  """Runs the CLI with stdout on a pseudo-terminal; returns (code, tty, stderr)."""
+  master, slave = pty.openpty()
+  with open(os.devnull, "rb") as stdin:
+    proc = subprocess.Popen(engine_cmd(*flags), cwd=ROOT, stdin=stdin,
+                            stdout=slave, stderr=subprocess.PIPE)
+  os.close(slave)
+  chunks, deadline = [], time.monotonic() + timeout
+  try:
+    while time.monotonic() < deadline:
+      ready, _, _ = select.select([master], [], [], 0.5)
+      if ready:
+        try:
+          chunk = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+          break
+        if not chunk:
+          break
+        chunks.append(chunk)
+      elif proc.poll() is not None:
+        break
+    stderr = proc.communicate(timeout=60)[1].decode()
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+    os.close(master)
+  return proc.returncode, b"".join(chunks).decode(), stderr
+
+
+def test_progress_bar_on_a_terminal(tmp_path):
+  code, tty, stderr = run_on_pty(TINY + [f"--model_dir={tmp_path}"])
+  assert code == 0, stderr[-3000:]
+  # 128 examples / global batch 16 = 8 steps per epoch, 2 epochs.
+  lines = tty.replace("\r\n", "\n").split("\n")
+  finished = [l.split("\r")[-1].replace("\x1b[K", "") for l in lines
+              if "total |" in l]
+  assert [l.split(" [")[0] for l in finished] == ["epoch 1/2", "epoch 2/2"]
+  for l in finished:
+    assert "[" + "=" * 30 + "] 8/8 " in l and "examples/s" in l
+    loss = float(l.split("| loss ")[1].split(" ")[0])
+    assert 0 < loss < 10
+  assert "ETA " in tty and "\r" in tty  # redrawn in place while running
+  assert "| loss " not in stderr  # the bar replaces the log lines
+  assert "Global batch 16" in stderr
+
+
+def test_noprogress_on_a_terminal_logs_lines(tmp_path):
+  code, tty, stderr = run_on_pty(TINY + ["--noprogress",
+                                         f"--model_dir={tmp_path}"])
+  assert code == 0, stderr[-3000:]
+  assert "epoch 1/2" not in tty
+  steps = [l.split("step ")[1].split(" ")[0] for l in stderr.splitlines()
+           if "| loss " in l]
+  assert steps == ["4/16", "8/16", "12/16", "16/16"]
