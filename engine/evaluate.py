@@ -7,6 +7,7 @@ the means divide by the global count of real examples, so a partial last batch,
 or a replica with no examples, weighs exactly as on one device.
 """
 import math
+from typing import Callable, Optional
 
 from absl import logging
 import tensorflow as tf
@@ -94,10 +95,12 @@ class EvalHook(Hook):
   them later (e.g. summaries); the last one goes into summary.json.
   """
 
-  def __init__(self, evaluator, eval_every: int, total_steps: int):
+  def __init__(self, evaluator, eval_every: int, total_steps: int,
+               on_result: Optional[Callable[[int, dict], None]] = None):
     self._evaluator = evaluator
     self._every = eval_every
     self._total = total_steps
+    self._on_result = on_result  # e.g. the TensorBoard eval writer
     self.results = []
 
   def next_stop(self, step):
@@ -116,6 +119,8 @@ class EvalHook(Hook):
     logging.info("eval at step %d | loss %.4f | accuracy %.4f | %d examples",
                  step, metrics["eval_loss"], metrics["eval_accuracy"],
                  metrics["eval_examples"])
+    if self._on_result is not None:
+      self._on_result(step, metrics)
 
   def end(self, summary):
     keys = ("eval_loss", "eval_accuracy", "eval_examples")
@@ -130,8 +135,10 @@ class EvalHook(Hook):
 
 def make_hook(config: Config, strategy, model, global_batch: int,
               steps_per_epoch: int, total_steps: int,
-              num_workers: int = 1) -> EvalHook:
+              num_workers: int = 1, on_result=None) -> EvalHook:
   """The run's EvalHook; it does nothing when --eval_split is empty.
+
+  `on_result(step, metrics)` is called after each evaluation.
 
   Raises:
     ConfigError: an unknown eval split or bad images, before training starts.
@@ -146,5 +153,5 @@ def make_hook(config: Config, strategy, model, global_batch: int,
                f"epoch ({steps_per_epoch} steps)")
   evaluator = Evaluator(strategy, model, dataset, num_examples)
   return EvalHook(evaluator, config.eval_every or steps_per_epoch,
-                  total_steps)
+                  total_steps, on_result)
 

@@ -37,6 +37,12 @@ def make_hooks(config: Config, *, chief: bool, output_dir: str, optimizer,
   return hook_list
 
 
+def eval_writer(hook_list):
+  """The summary hook's `write_eval(step, metrics)`, for the EvalHook."""
+  return next(h.write_eval for h in hook_list
+              if isinstance(h, summaries.SummaryHook))
+
+
 def close(hook_list) -> None:
   """Stops a profiler trace still running when training ends early."""
   for h in hook_list:

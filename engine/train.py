@@ -119,13 +119,14 @@ def train(config: Config, extra_hooks=()) -> Result:
   ckpt_hook = checkpoint.CheckpointHook(
       checkpointer, config.checkpoint_every,
       preemption.StopAgreement(strategy, config))
-  hook_list = [*reporting.make_hooks(
+  report_hooks = reporting.make_hooks(
       config, chief=chief, output_dir=output_dir, optimizer=optimizer,
       start_step=start_step, total_steps=total_steps,
-      steps_per_epoch=info.steps_per_epoch), *extra_hooks,
-               evaluate.make_hook(config, strategy, model, global_batch,
-                                  info.steps_per_epoch, total_steps, workers),
-               ckpt_hook]
+      steps_per_epoch=info.steps_per_epoch)
+  eval_hook = evaluate.make_hook(
+      config, strategy, model, global_batch, info.steps_per_epoch,
+      total_steps, workers, on_result=reporting.eval_writer(report_hooks))
+  hook_list = [*report_hooks, *extra_hooks, eval_hook, ckpt_hook]
   try:
     history, steady_examples, steady_seconds = _run(
         train_loop, iterator, start_step, total_steps, config, hook_list)

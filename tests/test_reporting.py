@@ -48,6 +48,19 @@ def test_train_events_hold_every_tag_at_every_summary_step(tmp_path):
   assert not (tmp_path / "eval").exists()  # no evaluation, no eval run
 
 
+def test_a_run_with_evaluation_writes_the_eval_run(tmp_path):
+  result = train.train(tiny_config(train_steps=6, eval_split="train[:32]",
+                                   eval_every=3, model_dir=str(tmp_path)))
+  scalars = read_scalars(tmp_path / "eval")
+  assert sorted(scalars) == ["accuracy", "examples", "loss"]
+  assert sorted(scalars["loss"]) == [3, 6]
+  assert scalars["examples"][6] == 32
+  assert scalars["loss"][6] == pytest.approx(result.summary["eval_loss"],
+                                             rel=1e-6)
+  assert scalars["accuracy"][6] == pytest.approx(
+      result.summary["eval_accuracy"])
+
+
 def test_write_eval_writes_the_eval_run(tmp_path):
   hook = summaries.SummaryHook(str(tmp_path), enabled=True, every=0,
                                learning_rate=lambda: 0.1)
