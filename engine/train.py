@@ -15,7 +15,7 @@ import tensorflow as tf
 
 import data
 import models
-from engine import checkpoint, cluster, devices, hooks, step
+from engine import checkpoint, cluster, comm, devices, hooks, step
 from engine.config import Config
 from engine.errors import flag_error
 from engine.optimizers import create_optimizer
@@ -78,21 +78,25 @@ def train(config: Config, extra_hooks=()) -> Result:
   check_model_dir(output_dir)
   replicas = strategy.num_replicas_in_sync
   workers = getattr(strategy.extended, "_num_workers", 1)
-  global_batch = config.batch_size_per_replica * replicas
+  # One optimizer update takes --grad_accum_steps micro-batches per replica.
+  global_batch = (config.batch_size_per_replica * config.grad_accum_steps *
+                  replicas)
   _, info = data.build_train(config, global_batch)  # lazy: no data read yet
   total_steps = config.train_steps or config.epochs * info.steps_per_epoch
   logging.info(
       "Global batch %d on %d worker(s) = %d per worker = %d per replica "
       "(%d replicas, %s, %s); %d examples, %d steps per epoch, %d steps.",
       global_batch, workers, global_batch // workers,
-      config.batch_size_per_replica, replicas, config.strategy,
+      global_batch // replicas, replicas, config.strategy,
       devices.describe(strategy), info.num_examples, info.steps_per_epoch,
       total_steps)
 
   keras.utils.set_random_seed(config.seed)
   with strategy.scope():
-    model = models.create_model(config.model, info.num_classes,
-                                config.image_size)
+    model = models.create_model(
+        config.model, info.num_classes, config.image_size,
+        mixed_precision=config.mixed_precision,
+        sync_batchnorm=config.sync_batchnorm)
     optimizer = create_optimizer(config)
     # Built here, in the scope and before the first tf.function call, so the
     # slots are mirrored variables and not created inside the trace.
@@ -114,7 +118,8 @@ def train(config: Config, extra_hooks=()) -> Result:
 
   ckpt_hook = checkpoint.CheckpointHook(checkpointer, config.checkpoint_every)
   hook_list = [hooks.LogHook(config.log_every, total_steps), *extra_hooks,
-               ckpt_hook]
+               comm.CommHook(config, optimizer, model.trainable_variables,
+                             replicas), ckpt_hook]
   try:
     history, steady_examples, steady_seconds = _run(
         train_loop, iterator, start_step, total_steps, config, hook_list)
