@@ -34,9 +34,9 @@ def free_ports(n: int, host: str = "127.0.0.1"):
 
 
 def worker_commands(num_workers: int, engine_flags, ports,
-                    host: str = "127.0.0.1"):
+                    host: str = "127.0.0.1", module: str = "engine.main"):
   hosts = ",".join(f"{host}:{p}" for p in ports)
-  return [[sys.executable, "-m", "engine.main", "--strategy=multi_worker",
+  return [[sys.executable, "-m", module, "--strategy=multi_worker",
            f"--worker_hosts={hosts}", f"--task_index={i}", *engine_flags]
           for i in range(num_workers)]
 
@@ -63,7 +63,8 @@ def _stop(procs):
       p.wait(5)
 
 
-def launch(num_workers: int, engine_flags, cpu_pinning: bool = False) -> int:
+def launch(num_workers: int, engine_flags, cpu_pinning: bool = False,
+           module: str = "engine.main") -> int:
   """Runs the workers to completion; returns the launcher's exit code."""
   ports = free_ports(num_workers)
   cores = sorted(os.sched_getaffinity(0))
@@ -73,7 +74,8 @@ def launch(num_workers: int, engine_flags, cpu_pinning: bool = False) -> int:
     return 2
   lock = threading.Lock()
   procs, pumps = [], []
-  for i, cmd in enumerate(worker_commands(num_workers, engine_flags, ports)):
+  for i, cmd in enumerate(worker_commands(num_workers, engine_flags, ports,
+                                               module=module)):
     pin = {cores[i]} if cpu_pinning else None
     procs.append(subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -122,14 +124,14 @@ def launch(num_workers: int, engine_flags, cpu_pinning: bool = False) -> int:
 
 
 def launch_with_restarts(num_workers: int, engine_flags, cpu_pinning: bool,
-                         max_restarts: int) -> int:
+                         max_restarts: int, module: str = "engine.main") -> int:
   """Restarts all workers when one fails, up to `max_restarts` times.
 
   Workers resume from the latest checkpoint in --model_dir, so a restart costs
   at most the steps since that checkpoint. Ctrl-C/SIGTERM never restarts.
   """
   for attempt in range(max_restarts + 1):
-    code = launch(num_workers, engine_flags, cpu_pinning)
+    code = launch(num_workers, engine_flags, cpu_pinning, module)
     if code == 0 or code >= 128 or code == 2:
       return code
     if attempt < max_restarts:
@@ -153,6 +155,9 @@ def main(argv=None) -> int:
                       "fails; they resume from the latest checkpoint")
   parser.add_argument("--cpu_pinning", action="store_true",
                       help="pin worker i to the i-th core this process may use")
+  parser.add_argument("--module", default="engine.main",
+                      help="module each worker runs with python -m (e.g. "
+                      "engine.bench_allreduce); it gets the cluster flags")
   argv = sys.argv[1:] if argv is None else argv
   ours, engine_flags = (argv[:argv.index("--")], argv[argv.index("--") + 1:]
                         ) if "--" in argv else (argv, [])
@@ -165,7 +170,8 @@ def main(argv=None) -> int:
     if f.split("=")[0] in ("--strategy", "--worker_hosts", "--task_index"):
       parser.error(f"{f}: the launcher sets this flag itself; drop it.")
   return launch_with_restarts(args.num_workers, engine_flags,
-                              args.cpu_pinning, args.max_restarts)
+                              args.cpu_pinning, args.max_restarts,
+                              args.module)
 
 
 if __name__ == "__main__":
