@@ -43,25 +43,29 @@ def time_all_reduce(strategy, nbytes: int, iters: int, options):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   n = nbytes // 4
 
-  def replica_fn():
+  def replica_fn(one):
     ctx = tf.distribute.get_replica_context()
-    x = tf.fill([n], tf.cast(ctx.replica_id_in_sync_group, tf.float32) + 1.0)
+    # From a run-time input: grappler would fold a constant's copy-based sum.
+    x = tf.fill([n], tf.cast(ctx.replica_id_in_sync_group, tf.float32) + one)
     for _ in range(_REPS):  # unrolled: merge_call cannot sit in a while loop
       x = ctx.all_reduce(tf.distribute.ReduceOp.SUM, x, options=options)
     return x[0]
 
   @tf.function
-  def run():
-    return strategy.experimental_local_results(strategy.run(replica_fn))
+  def run(one):
+    return strategy.experimental_local_results(
+        strategy.run(replica_fn, args=(one,)))
+
+  one = tf.constant(1.0)
 
   expected = sum(range(1, strategy.num_replicas_in_sync + 1)) * (
       strategy.num_replicas_in_sync ** (_REPS - 1))
-  got = float(run()[0].numpy())  # trace and warm up
+  got = float(run(one)[0].numpy())  # trace and warm up
   if abs(got - expected) > 1e-3 * expected:
     raise RuntimeError(f"all-reduce gave {got}, want {expected}")
   cpu0, start = _cpu_seconds(), time.perf_counter()
   for _ in range(iters):
-    run()[0].numpy()
+    run(one)[0].numpy()
   wall = time.perf_counter() - start
   return wall / (iters * _REPS), (_cpu_seconds() - cpu0) / (iters * _REPS)
 
@@ -173,11 +177,17 @@ def worker_main(args):
   tcp = {int(k): float(v) for k, v in
          (item.split(":") for item in args.tcp.split(",") if item)}
   for nbytes in sizes(args):
+    last = nbytes == sizes(args)[-1]
+    if last and args.profile_dir and args.task_index == 0:
+      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      tf.profiler.experimental.start(args.profile_dir)
     seconds, cpu = time_all_reduce(strategy, nbytes, iters_for(nbytes, args),
                                    devices.communication_options(config))
+    if last and args.profile_dir and args.task_index == 0:
+      tf.profiler.experimental.stop()
     print(row(f"multi_worker/{args.cross_device_ops}", nbytes, seconds,
               strategy.num_replicas_in_sync, tcp.get(nbytes)), flush=True)
-    if nbytes == sizes(args)[-1]:
+    if last:
       # Where the time goes: a worker busy for the whole all-reduce is
       # bound by its own CPU (copies, serialisation), not by waiting.
       print(f"# cpu: {nbytes} B all-reduce: {seconds * 1e3:.1f} ms wall, "
@@ -210,6 +220,9 @@ def parse(argv):
   p.add_argument("--task_index", type=int, help=argparse.SUPPRESS)
   p.add_argument("--cross_device_ops", default="ring", help=argparse.SUPPRESS)
   p.add_argument("--tcp", default="", help=argparse.SUPPRESS)
+  p.add_argument("--profile_dir", default="",
+                 help="worker mode: TF profiler trace of the largest size on "
+                 "worker 0 (summarise with benchmarks/xplane_summary.py)")
   args = p.parse_args(argv)
   args.ops = tuple(o for o in args.ops.split(",") if o)
   args.worker_ops = tuple(o for o in args.worker_ops.split(",") if o)
