@@ -12,6 +12,8 @@ STRATEGIES = ("one_device", "mirrored", "multi_worker")
 CROSS_DEVICE_OPS = ("auto", "nccl", "ring", "hierarchical_copy",
                     "reduce_to_one_device")
 OPTIMIZERS = ("adam", "sgd")
+GRAD_COMPRESSIONS = ("none", "fp16", "bf16")
+MIXED_PRECISIONS = ("none", "mixed_float16", "mixed_bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +70,12 @@ class Config:
   profile_steps: Tuple[int, ...] = ()  # (START, END): trace those steps
   export: bool = True  # write the model for serving at the end
   export_dir: str = ""  # "" = model_dir/export
+  # Communication and speed (issue 6).
+  grad_accum_steps: int = 1  # micro-batches summed locally per all-reduce
+  grad_compression: str = "none"  # dtype of gradients on the wire
+  mixed_precision: str = "none"  # Keras dtype policy of the model
+  jit_compile: bool = False  # XLA for the forward/backward pass
+  sync_batchnorm: bool = False  # BatchNormalization over the global batch
 
   def __post_init__(self):
     self.validate()
@@ -150,6 +158,34 @@ class Config:
                        ",".join(str(s) for s in self.profile_steps),
                        "must be START,END with 1 <= START <= END (steps "
                        "counted from 1), e.g. 10,20.")
+    # Communication and speed (issue 6).
+    self._validate_comm()
+
+  def _validate_comm(self) -> None:
+    """Communication and speed (issue 6)."""
+    _one_of("grad_compression", self.grad_compression, GRAD_COMPRESSIONS)
+    _one_of("mixed_precision", self.mixed_precision, MIXED_PRECISIONS)
+    _positive("grad_accum_steps", self.grad_accum_steps)
+    if self.bytes_per_pack and self.cross_device_ops in (
+        "hierarchical_copy", "reduce_to_one_device"):
+      raise flag_error("bytes_per_pack", self.bytes_per_pack,
+                       f"--cross_device_ops={self.cross_device_ops} does not "
+                       "pack; packing needs a collective all-reduce (auto, "
+                       "ring or nccl).")
+    if self.jit_compile and self.sync_batchnorm:
+      # Synchronized BatchNorm all-reduces inside the forward pass, and a
+      # collective cannot run inside the XLA-compiled function (merge_call).
+      raise flag_error("jit_compile", True,
+                       "cannot be combined with --sync_batchnorm, whose "
+                       "all-reduces inside the forward pass XLA cannot "
+                       "compile here; drop one of them.")
+    if (self.sync_batchnorm and self.grad_accum_steps > 1 and
+        not self.drop_remainder):
+      # A partial batch could leave a micro-batch empty on every replica;
+      # its statistics would then pull the moving averages towards zero.
+      raise flag_error("sync_batchnorm", True,
+                       "with --grad_accum_steps > 1 needs --drop_remainder, "
+                       "so that no micro-batch is empty on every replica.")
 
 
 def _one_of(flag, value, valid):

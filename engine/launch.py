@@ -216,10 +216,11 @@ def main(argv=None) -> int:
                       "killing them")
   parser.add_argument("--cpu_pinning", action="store_true",
                       help="pin worker i to the i-th core this process may use")
-  # Another program with engine.main's cluster flags, e.g. the Keras `fit`
-  # runner of benchmarks/seed_table.py.
+  # Another program that takes engine.main's cluster flags: the Keras `fit`
+  # runner of benchmarks/seed_table.py, engine.bench_allreduce.
   parser.add_argument("--module", default="engine.main",
-                      help="python module each worker runs (python -m)")
+                      help="python module each worker runs with python -m "
+                      "(e.g. engine.bench_allreduce); it gets the cluster flags")
   argv = sys.argv[1:] if argv is None else argv
   ours, engine_flags = (argv[:argv.index("--")], argv[argv.index("--") + 1:]
                         ) if "--" in argv else (argv, [])

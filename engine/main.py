@@ -115,6 +115,24 @@ flags.DEFINE_boolean("export", _DEF["export"],
                      "to --export_dir.")
 flags.DEFINE_string("export_dir", _DEF["export_dir"],
                     "Where the model is exported (default model_dir/export).")
+# Communication and speed (issue 6).
+flags.DEFINE_integer("grad_accum_steps", _DEF["grad_accum_steps"],
+                     "Sum the gradients of K micro-batches of "
+                     "--batch_size_per_replica locally, then all-reduce and "
+                     "update once: one step of a K times larger batch.")
+flags.DEFINE_enum("grad_compression", _DEF["grad_compression"],
+                  config_lib.GRAD_COMPRESSIONS,
+                  "Cast gradients to this dtype for the all-reduce (half the "
+                  "bytes) and back after it.")
+flags.DEFINE_enum("mixed_precision", _DEF["mixed_precision"],
+                  config_lib.MIXED_PRECISIONS,
+                  "Keras dtype policy: float16/bfloat16 compute, float32 "
+                  "variables; mixed_float16 adds dynamic loss scaling.")
+flags.DEFINE_boolean("jit_compile", _DEF["jit_compile"],
+                     "Compile the forward/backward pass with XLA.")
+flags.DEFINE_boolean("sync_batchnorm", _DEF["sync_batchnorm"],
+                     "BatchNormalization over the global batch (Keras "
+                     "synchronized=True): 1 and N replicas agree.")
 
 FLAGS = flags.FLAGS
 

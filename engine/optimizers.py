@@ -8,6 +8,15 @@ option either: Keras then calls `merge_call` on a missing replica context. The
 clean cut is the one hook Keras uses for that reduction, overridden to pass the
 gradients through. `tests/test_parity.py` (N replicas == 1 replica) proves that
 exactly one reduction happens.
+
+With `--mixed_precision=mixed_float16` the optimizer is wrapped in Keras's
+`LossScaleOptimizer` (dynamic loss scaling). The train step multiplies the loss
+by its `dynamic_scale` and all-reduces the scaled gradients itself; the
+wrapper only unscales what it is given, skips the update and halves the scale
+when a gradient is not finite (every replica sees the same reduced gradient,
+so all skip together, with no extra collective), and doubles the scale after
+`dynamic_growth_steps` finite steps. It never reduces: its `apply` does not go
+through the reduction hook, and the inner optimizer's hook passes through.
 """
 import keras
 
@@ -40,6 +49,15 @@ _CLASSES = {
 def create_optimizer(config: Config) -> keras.optimizers.Optimizer:
   """Builds the optimizer `--optimizer` names; call inside strategy.scope()."""
   if config.optimizer == "sgd":
-    return _CLASSES["sgd"](learning_rate=config.learning_rate,
-                           momentum=config.momentum)
-  return _CLASSES["adam"](learning_rate=config.learning_rate)
+    inner = _CLASSES["sgd"](learning_rate=config.learning_rate,
+                            momentum=config.momentum)
+  else:
+    inner = _CLASSES["adam"](learning_rate=config.learning_rate)
+  if uses_loss_scaling(config):
+    return keras.optimizers.LossScaleOptimizer(inner)
+  return inner
+
+
+def uses_loss_scaling(config: Config) -> bool:
+  """float16's range is too small for small gradients; bfloat16's is not."""
+  return config.mixed_precision == "mixed_float16"

@@ -15,8 +15,8 @@ import tensorflow as tf
 
 import data
 import models
-from engine import (checkpoint, cluster, devices, evaluate, preemption,
-                    reporting, step)
+from engine import (checkpoint, cluster, comm, devices, evaluate,
+                    preemption, reporting, step)
 from engine.config import Config
 from engine.errors import flag_error
 from engine.optimizers import create_optimizer
@@ -80,14 +80,16 @@ def train(config: Config, extra_hooks=()) -> Result:
   check_model_dir(output_dir)
   replicas = strategy.num_replicas_in_sync
   workers = getattr(strategy.extended, "_num_workers", 1)
-  global_batch = config.batch_size_per_replica * replicas
+  # One optimizer update takes --grad_accum_steps micro-batches per replica.
+  global_batch = (config.batch_size_per_replica * config.grad_accum_steps *
+                  replicas)
   _, info = data.build_train(config, global_batch)  # lazy: no data read yet
   total_steps = config.train_steps or config.epochs * info.steps_per_epoch
   logging.info(
       "Global batch %d on %d worker(s) = %d per worker = %d per replica "
       "(%d replicas, %s, %s); %d examples, %d steps per epoch, %d steps.",
       global_batch, workers, global_batch // workers,
-      config.batch_size_per_replica, replicas, config.strategy,
+      global_batch // replicas, replicas, config.strategy,
       devices.describe(strategy), info.num_examples, info.steps_per_epoch,
       total_steps)
   logging.info("Classes (%d): %s", info.num_classes,
@@ -95,8 +97,10 @@ def train(config: Config, extra_hooks=()) -> Result:
 
   keras.utils.set_random_seed(config.seed)
   with strategy.scope():
-    model = models.create_model(config.model, info.num_classes,
-                                config.image_size)
+    model = models.create_model(
+        config.model, info.num_classes, config.image_size,
+        mixed_precision=config.mixed_precision,
+        sync_batchnorm=config.sync_batchnorm)
     optimizer = create_optimizer(config)
     # Built here, in the scope and before the first tf.function call, so the
     # slots are mirrored variables and not created inside the trace.
@@ -126,7 +130,9 @@ def train(config: Config, extra_hooks=()) -> Result:
   eval_hook = evaluate.make_hook(
       config, strategy, model, global_batch, info.steps_per_epoch,
       total_steps, workers, on_result=reporting.eval_writer(report_hooks))
-  hook_list = [*report_hooks, *extra_hooks, eval_hook, ckpt_hook]
+  comm_hook = comm.CommHook(config, optimizer, model.trainable_variables,
+                            replicas)
+  hook_list = [*report_hooks, *extra_hooks, eval_hook, comm_hook, ckpt_hook]
   try:
     history, steady_examples, steady_seconds = _run(
         train_loop, iterator, start_step, total_steps, config, hook_list)

@@ -1,0 +1,46 @@
+"""Where the time goes in a TF profiler trace: `python -m benchmarks.xplane_summary DIR`.
+
+Reads every `*.xplane.pb` under DIR (written by tf.profiler, e.g. by
+`engine.bench_allreduce --worker_mode --profile_dir=DIR`) and prints, per
+thread, its busy time, and overall the events with the largest total time.
+Only the protobuf TensorFlow ships is used; no TensorBoard plugin.
+"""
+import collections
+import glob
+import os
+import sys
+
+from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+
+def summarise(directory: str, top: int = 25) -> str:
+  files = glob.glob(os.path.join(directory, "**", "*.xplane.pb"),
+                    recursive=True)
+  if not files:
+    raise SystemExit(f"error: no *.xplane.pb under {directory}")
+  totals, counts = collections.Counter(), collections.Counter()
+  threads = collections.Counter()
+  lines = []
+  for path in files:
+    space = xplane_pb2.XSpace()
+    with open(path, "rb") as f:
+      space.ParseFromString(f.read())
+    for plane in space.planes:
+      names = {k: m.name for k, m in plane.event_metadata.items()}
+      for line in plane.lines:
+        for event in line.events:
+          name = names.get(event.metadata_id, "?")[:70]
+          totals[(plane.name, name)] += event.duration_ps / 1e9  # ms
+          counts[(plane.name, name)] += 1
+          threads[(plane.name, line.name)] += event.duration_ps / 1e9
+  lines.append("%-12s %8s  %s" % ("total ms", "count", "plane / event"))
+  for key, ms in totals.most_common(top):
+    lines.append("%12.1f %8d  %s / %s" % (ms, counts[key], *key))
+  lines.append("\n%-12s  %s" % ("busy ms", "plane / thread (events may nest)"))
+  for key, ms in threads.most_common(12):
+    lines.append("%12.1f  %s / %s" % (ms, *key))
+  return "\n".join(lines)
+
+
+if __name__ == "__main__":
+  print(summarise(sys.argv[1]))

@@ -1,0 +1,74 @@
+"""What one gradient all-reduce moves, logged at the start and in summary.json.
+
+The step itself is in engine/step.py; this module only describes it: bytes on
+the wire per all-reduce (after `--grad_compression`), the number of packs
+`--bytes_per_pack` gives, and at the end the loss scale and skipped steps of
+float16 loss scaling.
+"""
+from absl import logging
+import tensorflow as tf
+# group_by_size is how CollectiveAllReduce packs; reusing it keeps the logged
+# pack count equal to the number of collectives TF actually launches.
+from tensorflow.python.distribute import cross_device_utils
+
+from engine import hooks
+from engine.config import Config
+from engine.optimizers import uses_loss_scaling
+from engine.step import WIRE_DTYPES
+
+
+def gradient_bytes(variables, config: Config):
+  """(bytes, packs): gradient bytes one replica puts into one all-reduce.
+
+  The example count (4 bytes) is not included; packs count the collective
+  all-reduces of the gradients (auto, ring, nccl; the copy-based reductions
+  do not pack).
+  """
+  dtype = WIRE_DTYPES[config.grad_compression] or tf.float32
+  specs = [tf.TensorSpec(v.shape, dtype) for v in variables]
+  total = sum(s.shape.num_elements() * dtype.size for s in specs)
+  # CollectiveAllReduce packs the values in reverse (last gradient first).
+  packs = cross_device_utils.group_by_size(specs[::-1], config.bytes_per_pack)
+  return total, len(packs)
+
+
+class CommHook(hooks.Hook):
+  """Logs the all-reduce size once; adds the issue-6 keys to the summary."""
+
+  def __init__(self, config: Config, optimizer, variables, replicas: int):
+    self._config = config
+    self._optimizer = optimizer
+    self._bytes, self._packs = gradient_bytes(variables, config)
+    self._steps_run = 0
+    dtype = WIRE_DTYPES[config.grad_compression] or tf.float32
+    # A ring all-reduce sends 2(n-1)/n of the buffer from every replica.
+    sent = 2 * (replicas - 1) / replicas * self._bytes
+    logging.info(
+        "Each step all-reduces %d gradient bytes (%s) per replica in %d "
+        "pack(s) (--bytes_per_pack=%d); a ring sends %.0f bytes per replica. "
+        "%d micro-batch(es) of %d per replica per update; mixed precision "
+        "%s; XLA %s; sync BatchNorm %s.", self._bytes, dtype.name,
+        self._packs, config.bytes_per_pack, sent, config.grad_accum_steps,
+        config.batch_size_per_replica, config.mixed_precision,
+        "on" if config.jit_compile else "off",
+        "on" if config.sync_batchnorm else "off")
+
+  def after_loop(self, step, rows, seconds):
+    self._steps_run += len(rows)
+
+  def end(self, summary):
+    c = self._config
+    summary.update({
+        "grad_accum_steps": c.grad_accum_steps,
+        "grad_compression": c.grad_compression,
+        "allreduce_bytes": self._bytes,
+        "allreduce_packs": self._packs,
+        "mixed_precision": c.mixed_precision,
+        "jit_compile": c.jit_compile,
+        "sync_batchnorm": c.sync_batchnorm,
+    })
+    if uses_loss_scaling(c):
+      summary["loss_scale"] = float(self._optimizer.dynamic_scale.numpy())
+      # Host steps whose update was skipped because a gradient overflowed.
+      summary["skipped_steps"] = self._steps_run - (
+          summary["global_step"] - summary["start_step"])
