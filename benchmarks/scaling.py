@@ -10,6 +10,7 @@ and (c)/(b) as communication efficiency. Throughput is the engine's own
 steady-state examples/s from summary.json (the first, tracing step excluded).
 
   python -m benchmarks.scaling [--steps=31] [--repeats=1] [--image_size=64]
+      [-- engine flags for every run, e.g. --grad_compression=bf16]
 """
 import argparse
 import json
@@ -29,7 +30,8 @@ def engine_flags(args, model_dir):
           f"--train_steps={args.steps}", f"--steps_per_loop={args.steps_per_loop}",
           f"--log_every={args.steps}", "--optimizer=sgd",
           f"--synthetic_examples={args.batch * 2 * (args.steps + 1)}",
-          f"--model_dir={model_dir}"]
+          f"--model_dir={model_dir}", "--noexport", "--summary_every=0",
+          *args.engine_flags]
 
 
 def _pinned(core):
@@ -82,6 +84,8 @@ def main():
                       help="run a, b, c this many times, interleaved; "
                       "report the median of each")
   parser.add_argument("--timeout", type=float, default=1800)
+  parser.add_argument("engine_flags", nargs="*",
+                      help="after --: more engine flags, for all three set-ups")
   args = parser.parse_args()
   cores = sorted(os.sched_getaffinity(0))
   if len(cores) < 2:
@@ -97,7 +101,8 @@ def main():
     a, b, c = (statistics.median(runs[k]) for k in "abc")
   print(f"{args.model} {args.image_size}x{args.image_size}, batch {args.batch} "
         f"per replica, {args.steps} steps, cores {cores[:2]}, "
-        f"{args.repeats} repeat(s), {time.time() - start:.0f} s in all; "
+        f"{args.repeats} repeat(s), {time.time() - start:.0f} s in all, "
+        f"flags {' '.join(args.engine_flags) or '(none)'}; "
         f"1-min load average at start {load:.2f} (other jobs skew (b))")
   for k in "abc":
     print(f"  runs {k}: {', '.join(f'{v:.1f}' for v in runs[k])}")

@@ -23,7 +23,8 @@ def tiny_config(**overrides):
   from engine.config import Config  # pylint: disable=g-import-not-at-top
   base = dict(model="small_cnn", dataset="synthetic", image_size=32,
               synthetic_examples=256, batch_size_per_replica=8, epochs=1,
-              train_steps=6, steps_per_loop=3, log_every=3, seed=7)
+              train_steps=6, steps_per_loop=3, log_every=3, seed=7,
+              export=False)  # the export tests turn it on
   base.update(overrides)
   return Config(**base)
 
@@ -31,3 +32,17 @@ def tiny_config(**overrides):
 def engine_cmd(*flags):
   """The CLI as users run it, with this interpreter."""
   return [sys.executable, "-m", "engine.main", *flags]
+
+
+def read_scalars(run_dir):
+  """{tag: {step: value}} from every event file in `run_dir`."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tensorflow.core.util import event_pb2  # pylint: disable=g-import-not-at-top
+  out = {}
+  for name in os.listdir(run_dir):
+    for record in tf.data.TFRecordDataset(os.path.join(run_dir, name)):
+      event = event_pb2.Event.FromString(record.numpy())
+      for v in event.summary.value:
+        out.setdefault(v.tag, {})[event.step] = float(
+            tf.make_ndarray(v.tensor))
+  return out

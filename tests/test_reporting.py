@@ -9,23 +9,10 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow.core.util import event_pb2
 
-from conftest import ROOT, engine_cmd, tiny_config
+from conftest import ROOT, engine_cmd, read_scalars, tiny_config
 from engine import export, summaries, train
 from engine.errors import ConfigError
-
-
-def read_scalars(run_dir):
-  """{tag: {step: value}} from every event file in `run_dir`."""
-  out = {}
-  for name in os.listdir(run_dir):
-    for record in tf.data.TFRecordDataset(os.path.join(run_dir, name)):
-      event = event_pb2.Event.FromString(record.numpy())
-      for v in event.summary.value:
-        out.setdefault(v.tag, {})[event.step] = float(
-            tf.make_ndarray(v.tensor))
-  return out
 
 
 def test_train_events_hold_every_tag_at_every_summary_step(tmp_path):
@@ -82,7 +69,7 @@ def test_non_chief_writes_no_event_files(tmp_path):
 
 
 def test_profile_steps_leave_a_trace(tmp_path):
-  train.train(tiny_config(train_steps=6, profile_steps=(3, 4), export=False,
+  train.train(tiny_config(train_steps=6, profile_steps=(3, 4),
                           model_dir=str(tmp_path)))
   runs = os.listdir(tmp_path / "plugins" / "profile")
   assert len(runs) == 1
@@ -144,7 +131,7 @@ IMAGES = np.random.default_rng(0).uniform(size=(5, 32, 32, 3)).astype(
 
 def test_trained_model_export_round_trip(tmp_path):
   """small_cnn, exported at the end of a 2-replica run."""
-  result = train.train(tiny_config(cpu_devices=2, train_steps=2,
+  result = train.train(tiny_config(cpu_devices=2, train_steps=2, export=True,
                                    model_dir=str(tmp_path / "m")))
   want = result.model(IMAGES, training=False).numpy()
   assert want.shape == (5, 10)
@@ -176,7 +163,7 @@ def test_mobilenet_v2_export_round_trip(tmp_path):
 
 def test_export_dir_flag_is_used(tmp_path):
   train.train(tiny_config(train_steps=1, model_dir=str(tmp_path / "m"),
-                          export_dir=str(tmp_path / "e")))
+                          export=True, export_dir=str(tmp_path / "e")))
   assert sorted(os.listdir(tmp_path / "e")) == [export.KERAS_FILE,
                                                 export.SAVED_MODEL_DIR]
   assert "export" not in os.listdir(tmp_path / "m")
