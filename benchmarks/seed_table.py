@@ -39,6 +39,8 @@ SEED_BATCH = 64
 
 flags.DEFINE_string("dataset", "tf_flowers", "tfds data set of the table.")
 flags.DEFINE_string("data_dir", None, "TensorFlow Datasets directory.")
+flags.DEFINE_boolean("download", True, "Let tfds download and prepare a "
+                     "missing data set (--nodownload: the stand-in at once).")
 flags.DEFINE_list("devices", [], "Devices of the N-device columns, e.g. "
                   "/gpu:0,/gpu:1 (or use --cpu_devices).")
 flags.DEFINE_integer("epochs", 0, "Epochs per run; 0: --warmup + --steps.")
@@ -67,6 +69,9 @@ def data_source():
     import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
     builder = tfds.builder(FLAGS.dataset, data_dir=FLAGS.data_dir)
     if not builder.is_prepared():
+      if not FLAGS.download:
+        raise FileNotFoundError(
+            f"not prepared in {builder.data_dir} and --nodownload was given")
       builder.download_and_prepare()
     info = builder.info
     return ("tfds", None, info.splits["train"].num_examples,

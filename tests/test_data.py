@@ -222,3 +222,12 @@ def test_gif_is_decoded_as_rgb(tmp_path):
   _write(str(tmp_path / "g.gif"), gif)
   image = folder.decode(str(tmp_path / "g.gif")).numpy()
   assert image.shape == (1, 1, 3) and image.dtype == np.uint8
+
+
+def test_tfds_download_path_has_its_imports():
+  # tfds reads a registered builder's code path before downloading; that
+  # needs importlib_resources, which tfds does not install on Python >= 3.9
+  # (tensorflow/datasets#11212) and pyproject.toml therefore lists.
+  path = tfds.builder_cls("tf_flowers").code_path
+  assert path is not None and os.path.basename(str(path)).startswith(
+      "tf_flowers") and os.path.exists(str(path))

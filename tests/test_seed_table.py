@@ -13,7 +13,7 @@ def test_seed_table_prints_every_row_and_column():
       [sys.executable, "-m", "benchmarks.seed_table", "--dataset=tf_flowers",
        "--cpu_devices=2", "--model=small_cnn", "--image_size=32",
        "--warmup=1", "--steps=2", "--steps_per_loop=2",
-       "--data_dir=/nonexistent/tfds"],
+       "--data_dir=/nonexistent/tfds", "--nodownload"],
       cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   lines = proc.stdout.splitlines()
@@ -21,6 +21,7 @@ def test_seed_table_prints_every_row_and_column():
   assert [t.split(" ")[0] for t in titles] == ["mirrored", "multi_worker"]
   for t in titles:  # no network here: the stand-in is named in the title
     assert "tf_flowers (synthetic stand-in), 3670 images, 5 classes" in t
+    assert "--nodownload was given" in t
   headers = [l for l in lines if l.startswith("| data set |")]
   assert headers == [
       "| data set | runner | 1 device (batch 64) | 2 devices (global batch 64)"
