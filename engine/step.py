@@ -41,14 +41,18 @@ def make_replica_step(model, optimizer, config: Config) -> Callable:
     scale = (tf.identity(optimizer.dynamic_scale.value) if loss_scaled
              else tf.constant(1.0))
     forward_backward = _forward_backward_fn(model, variables, config)
+    local_count = tf.cast(tf.shape(labels)[0], tf.float32)
+    # With compression the count needs an all-reduce of its own (see
+    # _mean_gradients). It depends only on the batch's shape, so it is issued
+    # here, before the forward pass, and its latency hides behind the compute.
+    early_count = (ctx.all_reduce(_SUM, local_count, options=options)
+                   if wire_dtype is not None else None)
     grads, local_loss_sum, correct = _accumulate(
         forward_backward, variables, images, labels, scale, config)
-    local_count = tf.cast(tf.shape(labels)[0], tf.float32)
     nominal_count = float(config.batch_size_per_replica *
                           config.grad_accum_steps * ctx.num_replicas_in_sync)
-    grads, global_count = _all_reduce(ctx, grads, local_count, options,
-                                      wire_dtype, nominal_count)
-    grads = [g * (1.0 / tf.maximum(global_count, 1.0)) for g in grads]
+    grads = _mean_gradients(ctx, grads, local_count, early_count, options,
+                            wire_dtype, nominal_count)
     # Applies what it is given (engine/optimizers.py): no second reduction.
     # Under loss scaling it unscales, and skips a step whose reduced
     # gradient is not finite, on every replica alike.
@@ -64,23 +68,29 @@ def make_replica_step(model, optimizer, config: Config) -> Callable:
   return replica_step
 
 
-def _all_reduce(ctx, grads, count, options, wire_dtype: Optional[tf.DType],
-                nominal_count: float):
-  """The gradient all-reduce, exactly once per step.
+def _mean_gradients(ctx, grads, local_count, global_count, options,
+                    wire_dtype: Optional[tf.DType], nominal_count: float):
+  """The gradient all-reduce, exactly once per step, divided by the count.
 
   The optimizer (engine/optimizers.py) applies what it is given and does not
-  reduce again. With compression the gradients travel as float16/bfloat16,
-  pre-divided by the nominal global batch so that their sum is about the mean
-  gradient and cannot overflow float16; they are cast back to float32 after.
-  The example count stays float32 (exact) in a 4-byte all-reduce of its own:
-  TF concatenates each pack into one tensor, which needs one dtype.
+  reduce again. Without compression the example count rides in the same
+  all-reduce as the gradients. With compression the gradients travel as
+  float16/bfloat16, pre-divided by the nominal global batch so that their
+  sum is about the mean gradient and cannot overflow float16; one multiply
+  after the cast back turns that into the mean over the real examples. The
+  count (`global_count`, reduced by the caller) stays float32, exact, in a
+  4-byte all-reduce of its own: TF concatenates each pack into one tensor,
+  which needs one dtype.
   """
   if wire_dtype is None:
-    return ctx.all_reduce(_SUM, (grads, count), options=options)
+    grads, global_count = ctx.all_reduce(_SUM, (grads, local_count),
+                                         options=options)
+    inverse = 1.0 / tf.maximum(global_count, 1.0)
+    return [g * inverse for g in grads]
   wire = [tf.cast(g * (1.0 / nominal_count), wire_dtype) for g in grads]
   wire = ctx.all_reduce(_SUM, wire, options=options)
-  count = ctx.all_reduce(_SUM, count, options=options)
-  return [tf.cast(g, tf.float32) * nominal_count for g in wire], count
+  factor = nominal_count / tf.maximum(global_count, 1.0)
+  return [tf.cast(g, tf.float32) * factor for g in wire]
 
 
 def _forward_backward_fn(model, variables, config: Config) -> Callable:
