@@ -13,13 +13,19 @@ same step and exit with 75. The launcher waits up to `--preempt_timeout`
 seconds for all of them and then exits with 75 itself, never restarting: a
 preemption asks for the machines back, and whoever sent it (a scheduler, a
 cloud VM's shutdown) runs the job again later, which resumes.
+
+Each launch gives its workers a private TMPDIR that it removes when it ends,
+so a worker killed with SIGKILL (which cannot clean up after itself) leaves
+no temporary output directory behind.
 """
 import argparse
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -119,11 +125,15 @@ def launch(num_workers: int, engine_flags, cpu_pinning: bool = False,
     return 2
   lock = threading.Lock()
   procs, pumps = [], []
+  scratch = tempfile.mkdtemp(prefix="tfengine_launch_")
+  env = dict(os.environ, TMPDIR=scratch)
+  print(f"launcher: workers' temporary files in {scratch} (removed at the "
+        "end)", file=sys.stderr, flush=True)
   for i, cmd in enumerate(worker_commands(num_workers, engine_flags, ports,
                                           module=module)):
     pin = {cores[i]} if cpu_pinning else None
     procs.append(subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
         start_new_session=True,  # own process group, so killpg stops it all
         preexec_fn=(lambda pin=pin: os.sched_setaffinity(0, pin))
         if pin else None))
@@ -174,6 +184,7 @@ def launch(num_workers: int, engine_flags, cpu_pinning: bool = False,
     for s, h in old.items():
       signal.signal(s, h)
     _stop(procs)
+    shutil.rmtree(scratch, ignore_errors=True)
 
 
 def launch_with_restarts(num_workers: int, engine_flags, cpu_pinning: bool,

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -158,6 +159,12 @@ def test_launcher_reports_a_killed_worker(tmp_path):
     text = log.read_text()
     assert code == 1
     assert "launcher: worker 1 exited with code -9; stopped the others." in text
+    # The SIGKILLed non-chief could not remove its temporary output
+    # directory; the launcher removes the TMPDIR it gave the workers.
+    scratch = next(line.split()[5] for line in text.splitlines()
+                   if line.startswith("launcher: workers' temporary files"))
+    assert scratch.startswith(tempfile.gettempdir())
+    assert not os.path.exists(scratch)
   finally:
     _kill([proc])
 
