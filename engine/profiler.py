@@ -32,23 +32,27 @@ class ProfileHook(hooks.Hook):
     self._first, self._last = steps
     self._on = False
     self._enabled = enabled
-    if start_step > self._first - 1:
+    # Where host calls end must not depend on `enabled`: every worker joins
+    # the same collectives per host call (the stop-flag exchange), so if
+    # only the chief cut its calls at START and END, the workers would wait
+    # on different collectives until --collective_timeout.
+    self._window = start_step <= self._first - 1
+    if not self._window:
       logging.warning("--profile_steps=%d,%d: the run starts at step %d, "
                       "after START; no trace is taken.", self._first,
                       self._last, start_step + 1)
-      self._enabled = False
     elif start_step == self._first - 1:
       self._start()
 
   def next_stop(self, step):
-    if not self._enabled:
+    if not self._window:
       return math.inf
     if step < self._first - 1:
       return self._first - 1
     return self._last if step < self._last else math.inf
 
   def after_loop(self, step, rows, seconds):
-    if self._enabled and step == self._first - 1:
+    if self._window and step == self._first - 1:
       self._start()
     elif self._on and step >= self._last:
       self.close()
@@ -57,7 +61,7 @@ class ProfileHook(hooks.Hook):
     self.close()
 
   def _start(self):
-    if self._enabled:
+    if self._enabled and self._window:
       tf.profiler.experimental.start(self._logdir)
       self._on = True
 

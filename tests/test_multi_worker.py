@@ -86,6 +86,24 @@ def test_two_workers_match_one_replica(tmp_path, optimizer, cross_device_ops):
   assert diff < 1e-5
 
 
+def test_profiling_the_chief_does_not_stall_the_other_worker(tmp_path):
+  # The chief ends host calls at --profile_steps; worker 1, which takes no
+  # trace, must end them there too, or the two wait on different collectives
+  # until --collective_timeout.
+  start = time.monotonic()
+  out = launch(tiny_flags(
+      train_steps=6, steps_per_loop=6, collective_timeout=20,
+      model_dir=str(tmp_path / "mw")) + ["--profile_steps=3,4"])
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  assert time.monotonic() - start < 100
+  runs = os.listdir(tmp_path / "mw" / "plugins" / "profile")
+  assert len(runs) == 1
+  files = os.listdir(tmp_path / "mw" / "plugins" / "profile" / runs[0])
+  assert any(f.endswith(".xplane.pb") for f in files), files
+  summary = json.loads((tmp_path / "mw" / "summary.json").read_text())
+  assert summary["global_step"] == 6
+
+
 def _wait_for(proc_lines, pattern, deadline):
   while time.monotonic() < deadline:
     if any(pattern in line for line in proc_lines()):
