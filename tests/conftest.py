@@ -4,6 +4,9 @@ import sys
 
 import pytest
 
+# Before any test module imports TensorFlow: the engine's TF defaults.
+import engine  # noqa: F401  pylint: disable=unused-import
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUM_CPUS = 4
 
