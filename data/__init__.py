@@ -95,7 +95,8 @@ def build_train(config: Config, global_batch: int, start_step: int = 0,
   """
   module = _module(config)
   if config.dataset == "synthetic":
-    return module.build(config, global_batch, start_step)
+    ds, info = module.build(config, global_batch, start_step)
+    return _endless(ds), info
   ds, num_examples, class_names, policy = module.source(
       config, config.train_split, "train_split", training=True,
       num_workers=num_workers)
@@ -110,7 +111,20 @@ def build_train(config: Config, global_batch: int, start_step: int = 0,
       num_classes=len(class_names), class_names=tuple(class_names),
       steps_per_epoch=steps_per_epoch(num_examples, global_batch,
                                       config.drop_remainder))
-  return finish(ds.skip(start_step), policy), info
+  return _endless(finish(ds.skip(start_step), policy)), info
+
+
+def _endless(ds: tf.data.Dataset) -> tf.data.Dataset:
+  """States what every training pipeline is: endless (each repeats forever).
+
+  tf.distribute reads it from the cardinality. For a data set that might end,
+  its distributed iterator asks every step whether each worker still has
+  data, which on multi_worker is one more all-reduce per step
+  (input_lib._enable_get_next_as_optional); an infinite one needs no such
+  check. A pipeline that ended anyway would raise instead of stopping early.
+  """
+  return ds.apply(tf.data.experimental.assert_cardinality(
+      tf.data.INFINITE_CARDINALITY))
 
 
 def build_eval(config: Config, global_batch: int, num_workers: int = 1):

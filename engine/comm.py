@@ -5,6 +5,8 @@ the wire per all-reduce (after `--grad_compression`), the number of packs
 `--bytes_per_pack` gives, and at the end the loss scale and skipped steps of
 float16 loss scaling.
 """
+import re
+
 from absl import logging
 import tensorflow as tf
 # group_by_size is how CollectiveAllReduce packs; reusing it keeps the logged
@@ -30,6 +32,34 @@ def gradient_bytes(variables, config: Config):
   # CollectiveAllReduce packs the values in reverse (last gradient first).
   packs = cross_device_utils.group_by_size(specs[::-1], config.bytes_per_pack)
   return total, len(packs)
+
+
+# Ops that move data between replicas (not the group set-up ops).
+_COLLECTIVE = re.compile(r"^(Collective(Reduce|Gather|Bcast|AllToAll)|Nccl)")
+
+
+def collectives_per_step(concrete_function, local_replicas: int) -> float:
+  """Collective ops one replica launches per step of the compiled loop.
+
+  Counted in the traced graph: the loop body (a `while_body` function) and
+  every function it calls, divided by the replicas of this worker. The
+  gradient all-reduce is one per pack; anything else (a per-step metrics
+  reduce, the distributed iterator's "has every worker data?" check for a
+  data set that might end) shows up here as more.
+  """
+  library = {f.signature.name: f
+             for f in concrete_function.graph.as_graph_def().library.function}
+  todo = [name for name in library if name.startswith("while_body")]
+  seen, count = set(todo), 0
+  while todo:
+    for node in library[todo.pop()].node_def:
+      count += bool(_COLLECTIVE.match(node.op))
+      called = [node.op] + [a.func.name for a in node.attr.values()]
+      for name in called:
+        if name in library and name not in seen:
+          seen.add(name)
+          todo.append(name)
+  return count / local_replicas
 
 
 class CommHook(hooks.Hook):

@@ -140,6 +140,9 @@ def train(config: Config, extra_hooks=()) -> Result:
     ckpt_hook.close()
     reporting.close(hook_list)
   cluster.stop_watchdog()  # the last collective is done; peers may now exit
+  collectives = comm.collectives_per_step(
+      train_loop.get_concrete_function(iterator, tf.constant(1, tf.int32)),
+      len(strategy.extended.worker_devices))
   losses, accuracies = history[:, 0], history[:, 1]
   window = accuracies[-config.log_every:]
   last = lambda a: float(a[-1]) if len(a) else None
@@ -163,6 +166,7 @@ def train(config: Config, extra_hooks=()) -> Result:
       "num_classes": info.num_classes,
       "class_names": list(info.class_names),
       "image_size": config.image_size,
+      "collectives_per_step": collectives,
   }
   for h in hook_list:
     h.end(summary)

@@ -104,6 +104,7 @@ def test_bytes_per_pack_reaches_mirrored(tmp_path, monkeypatch,
   # One collective per pack and replica (the 4-byte count rides in a pack;
   # the loop's metrics reduce is not a collective on mirrored).
   assert collectives() == ["float32"] * 2 * packs
+  assert result.summary["collectives_per_step"] == packs
 
 
 def test_bytes_per_pack_refused_where_it_cannot_apply():

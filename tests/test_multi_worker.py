@@ -73,6 +73,9 @@ def test_two_workers_match_one_replica(tmp_path, optimizer, cross_device_ops):
   assert summary["num_workers"] == 2 and summary["num_replicas"] == 2
   assert summary["global_batch_size"] == GLOBAL_BATCH
   assert summary["global_step"] == STEPS
+  # Each step's one collective is the gradient all-reduce (the example count
+  # rides in it): no per-step metrics reduce, no iterator data check.
+  assert summary["collectives_per_step"] == 1
   ref = train.train(tiny_config(
       strategy="one_device", optimizer=optimizer, learning_rate=lr(optimizer),
       batch_size_per_replica=GLOBAL_BATCH, train_steps=STEPS,

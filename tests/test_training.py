@@ -1,6 +1,7 @@
 """The loop on real tiny data: learning, host-loop invariance, data order."""
 import numpy as np
 import pytest
+import tensorflow as tf
 import tensorflow_datasets as tfds
 
 import data
@@ -57,6 +58,9 @@ def _batches(config, global_batch, n, start_step=0):
 def test_synthetic_data_are_seeded_and_resumable(tmp_path):
   config = tiny_config(synthetic_examples=37, model_dir=str(tmp_path))
   first, info = _batches(config, 16, 7)
+  # Endless, and it says so (see data._endless).
+  assert (data.build_train(config, 16)[0].cardinality() ==
+          tf.data.INFINITE_CARDINALITY)
   again, _ = _batches(config, 16, 7)
   later, _ = _batches(config, 16, 4, start_step=3)
   assert info.steps_per_epoch == 3
