@@ -118,9 +118,10 @@ def iters_for(nbytes: int, args) -> int:
 
 
 def bench_mirrored(args, tcp):
-  from engine import devices  # pylint: disable=g-import-not-at-top
+  from engine import devices, memory  # pylint: disable=g-import-not-at-top
   from engine.config import Config  # pylint: disable=g-import-not-at-top
   devices.configure_host(args.cpu_devices)
+  memory.tune_malloc()  # as training does
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   gpus = len(tf.config.list_logical_devices("GPU"))
   ops = list(args.ops or MIRRORED_OPS)
@@ -168,12 +169,13 @@ def bench_workers(args, tcp):
 
 def worker_main(args):
   """One worker: builds MWMS as training does, prints rows (chief's kept)."""
-  from engine import cluster, devices  # pylint: disable=g-import-not-at-top
+  from engine import cluster, devices, memory  # pylint: disable=g-import-not-at-top
   from engine.config import Config  # pylint: disable=g-import-not-at-top
   config = Config(strategy="multi_worker", cross_device_ops=args.cross_device_ops,
                   worker_hosts=tuple(args.worker_hosts.split(",")),
                   task_index=args.task_index, collective_timeout=600.0)
   strategy = cluster.make_multi_worker_strategy(config)
+  memory.tune_malloc()  # as training does
   tcp = {int(k): float(v) for k, v in
          (item.split(":") for item in args.tcp.split(",") if item)}
   for nbytes in sizes(args):

@@ -76,6 +76,8 @@ class Config:
   mixed_precision: str = "none"  # Keras dtype policy of the model
   jit_compile: bool = False  # XLA for the forward/backward pass
   sync_batchnorm: bool = False  # BatchNormalization over the global batch
+  # Host memory: keep large CPU tensors in malloc's heap (engine/memory.py).
+  malloc_tuning: bool = True
 
   def __post_init__(self):
     self.validate()

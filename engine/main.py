@@ -133,6 +133,11 @@ flags.DEFINE_boolean("jit_compile", _DEF["jit_compile"],
 flags.DEFINE_boolean("sync_batchnorm", _DEF["sync_batchnorm"],
                      "BatchNormalization over the global batch (Keras "
                      "synchronized=True): 1 and N replicas agree.")
+flags.DEFINE_boolean("malloc_tuning", _DEF["malloc_tuning"],
+                     "Undo TensorFlow's 128 KiB glibc mmap threshold, under "
+                     "which every CPU tensor above it is mapped, faulted in "
+                     "and unmapped on each use; glibc's own 32 MiB maximum "
+                     "instead (engine/memory.py).")
 
 FLAGS = flags.FLAGS
 

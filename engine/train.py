@@ -15,7 +15,7 @@ import tensorflow as tf
 
 import data
 import models
-from engine import (checkpoint, cluster, comm, devices, evaluate,
+from engine import (checkpoint, cluster, comm, devices, evaluate, memory,
                     preemption, reporting, step)
 from engine.config import Config
 from engine.errors import flag_error
@@ -69,6 +69,8 @@ def train(config: Config, extra_hooks=()) -> Result:
     raise flag_error("model", config.model,
                      f"unknown; valid: {', '.join(sorted(models.MODELS))}.")
   strategy = devices.make_strategy(config)
+  # After the strategy: on multi_worker no op may run before it exists.
+  malloc_tuned = config.malloc_tuning and memory.tune_malloc()
   chief = is_chief(strategy)
   # Only the chief writes model_dir; other workers write the same files to a
   # private temporary directory, removed at the end, so no two processes ever
@@ -166,6 +168,7 @@ def train(config: Config, extra_hooks=()) -> Result:
       "num_classes": info.num_classes,
       "class_names": list(info.class_names),
       "image_size": config.image_size,
+      "malloc_tuned": malloc_tuned,
       "collectives_per_step": collectives,
   }
   for h in hook_list:
