@@ -176,19 +176,20 @@ def test_jit_compile_matches_plain(tmp_path):
 
 def test_sync_batchnorm_one_and_two_replicas_agree(tmp_path):
   kw = dict(model="mobilenet_v2", sync_batchnorm=True, optimizer="sgd",
-            learning_rate=0.01, train_steps=2, steps_per_loop=2)
+            learning_rate=0.01, train_steps=1)
   one = train.train(tiny_config(strategy="one_device",
                                 batch_size_per_replica=16,
                                 model_dir=str(tmp_path / "1"), **kw))
   two = train.train(tiny_config(cpu_devices=2, batch_size_per_replica=8,
                                 model_dir=str(tmp_path / "2"), **kw))
-  # Measured: the first step's loss agrees to 2e-5 (without sync BN: 6e-2);
-  # after 2 steps the largest weight difference is 0.03, against 1.3 without
-  # sync BN. The rest is float32 summation order, amplified through 52
-  # BatchNorm layers whose last ones see 1x1 feature maps of 8 examples.
+  # Measured (2026-12-04): the loss agrees to 5e-6 (without sync BN: 2e-2)
+  # and after the step the largest weight difference is 0.0055 (without
+  # sync BN: 1.2). One step only: 52 BatchNorm layers, the last ones over
+  # 1x1 feature maps of 8 examples, amplify float32 summation order, so a
+  # second step's difference depends on the CPU (0.03 on one, 0.22 on
+  # another) and would not separate the two cases reliably.
   np.testing.assert_allclose(two.losses[0], one.losses[0], rtol=1e-4)
-  np.testing.assert_allclose(two.losses, one.losses, rtol=5e-3)
-  assert max_diff(two.weights, one.weights) < 0.15
+  assert max_diff(two.weights, one.weights) < 0.05
 
 
 @pytest.mark.parametrize("overrides,flag", [
