@@ -11,12 +11,12 @@ Same per-replica batch and model everywhere. Prints (c)/(a) as the speed-up
 and (c)/(b) as communication efficiency. Throughput is the engine's own
 steady-state examples/s from summary.json (the first, tracing step excluded).
 
-Each repeat runs (a), then (b) and every (c) in an order rotated by one per
-repeat, so no set-up always runs first or last. The machine's speed drifts
-during a run (and other jobs on the host come and go), so the efficiency is
-reported both ways: the median over repeats of each repeat's own c/b (its
-(c) against the (b) measured minutes before or after it), and the ratio of
-the medians.
+Each repeat runs (a), then every (c) variant right after a (b), the
+variants in an order rotated by one per repeat, and one more (b) ends the
+run: every (c) has a (b) just before and just after it. The machine's speed
+drifts during a run (and other jobs on the host come and go), so each (c)
+is compared with the mean of those two (b) runs, and the efficiency is the
+median of these ratios (the ratio of the medians is printed beside it).
 
   python -m benchmarks.scaling [--steps=31] [--repeats=1] [--image_size=64]
       [--variant=FLAGS ...] [-- engine flags for every run]
@@ -82,11 +82,36 @@ def launched(args, tmp, flags=()):
   return _throughput(d)
 
 
-def efficiency(b, c):
-  """(median of the per-repeat c/b, c/b of the medians, per-repeat c/b)."""
-  paired = [ci / bi for bi, ci in zip(b, c)]
-  return (statistics.median(paired),
-          statistics.median(c) / statistics.median(b), paired)
+def schedule(variants, repeats):
+  """The run order: per repeat (a), then each (c) variant after a (b), in an
+  order rotated by one per repeat; one more (b) at the very end.
+
+  So every (c) run has a (b) run right before it and one right after it.
+  """
+  order = []
+  for repeat in range(repeats):
+    order.append("a")
+    for name in rotated(list(variants), repeat):
+      order += ["b", name]
+  return order + ["b"]
+
+
+def sandwiched(order, rates):
+  """{variant: [c / mean of the (b) just before and just after it]}.
+
+  The machine's speed drifts by several per cent within minutes; pairing
+  each (c) with the ceiling measured on both sides of it cancels a drift
+  that is steady over those minutes.
+  """
+  out = {}
+  for k, name in enumerate(order):
+    if name in ("a", "b"):
+      continue
+    before = next(rates[j] for j in range(k - 1, -1, -1) if order[j] == "b")
+    after = next(rates[j] for j in range(k + 1, len(order))
+                 if order[j] == "b")
+    out.setdefault(name, []).append(rates[k] / ((before + after) / 2))
+  return out
 
 
 def rotated(items, k):
@@ -116,42 +141,46 @@ def main():
   if len(cores) < 2:
     sys.exit(f"needs 2 CPU cores, this process may use {len(cores)}")
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-  variants = [("c", ())] + [
-      (f"c{k + 1}", tuple(v.split())) for k, v in enumerate(args.variant)]
+  variants = {"c": ()}
+  variants.update((f"c{k + 1}", tuple(v.split()))
+                  for k, v in enumerate(args.variant))
+  order = schedule(variants, args.repeats)
+  rates, per_core = [], []  # per_core: (b)'s two processes, to show drift
   with tempfile.TemporaryDirectory() as tmp:
     start, load = time.time(), os.getloadavg()[0]
-    runs = {"a": [], "b": [], **{name: [] for name, _ in variants}}
-    per_core = []  # (b)'s two processes, to show how unevenly the cores run
-    jobs = [("b", None)] + variants
-    for repeat in range(args.repeats):
-      runs["a"] += single(args, cores[:1], tmp)
-      for name, flags in rotated(jobs, repeat):
-        if name == "b":
-          per_core.append(single(args, cores[:2], tmp))
-          runs["b"].append(sum(per_core[-1]))
-        else:
-          runs[name].append(launched(args, tmp, flags))
+    for name in order:
+      if name == "a":
+        rates.append(single(args, cores[:1], tmp)[0])
+      elif name == "b":
+        per_core.append(single(args, cores[:2], tmp))
+        rates.append(sum(per_core[-1]))
+      else:
+        rates.append(launched(args, tmp, variants[name]))
+  runs = {name: [r for n, r in zip(order, rates) if n == name]
+          for name in ("a", "b", *variants)}
   a, b = (statistics.median(runs[k]) for k in "ab")
   print(f"{args.model} {args.image_size}x{args.image_size}, batch {args.batch} "
         f"per replica, {args.steps} steps, cores {cores[:2]}, "
         f"{args.repeats} repeat(s), {time.time() - start:.0f} s in all, "
         f"flags {' '.join(args.engine_flags) or '(none)'}; "
         f"1-min load average at start {load:.2f} (other jobs skew (b))")
+  print("  order: " + " ".join(order))
   for name in runs:
     print(f"  runs {name}: {', '.join(f'{v:.1f}' for v in runs[name])}")
   print("  (b) per core: " + ", ".join(
       " + ".join(f"{v:.1f}" for v in pair) for pair in per_core))
   print(f"(a) 1 worker, 1 core:                  {a:8.1f} examples/s")
   print(f"(b) 2 independent workers, 1 core each: {b:8.1f} examples/s")
-  for name, flags in variants:
+  paired = sandwiched(order, rates)
+  for name, flags in variants.items():
     c = statistics.median(runs[name])
-    paired, of_medians, each = efficiency(runs["b"], runs[name])
     print(f"({name}) 2 workers ({args.cross_device_ops}), 1 core each, "
           f"{' '.join(flags) or 'no extra flags'}: {c:.1f} examples/s")
     print(f"    speed-up (c)/(a) = {c / a:.3f}; communication efficiency "
-          f"(c)/(b) = {paired:.3f} median of repeats "
-          f"({', '.join(f'{e:.3f}' for e in each)}), {of_medians:.3f} "
-          f"of medians (target >= 0.95)")
+          f"(c)/(b) = {statistics.median(paired[name]):.3f} median of each "
+          f"(c) over the mean of the (b) before and after it "
+          f"({', '.join(f'{e:.3f}' for e in paired[name])}), "
+          f"{c / b:.3f} of medians (target >= 0.95)")
 
 
 if __name__ == "__main__":
