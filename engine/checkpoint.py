@@ -31,6 +31,11 @@ class Preempted(Exception):
   """Raised after a signal-triggered checkpoint; `main` exits with code 75."""
 
 
+class ResourceStop(Exception):
+  """Raised after the checkpoint of a stop for a host resource (threads,
+  memory, open files; engine/resources.py); `main` exits with code 5."""
+
+
 def run_identity(config: Config, num_classes: int, replicas: int,
                  global_batch: int) -> dict:
   return {"model": config.model, "dataset": config.dataset,
@@ -127,6 +132,9 @@ class CheckpointHook(Hook):
     reason = self._stop.should_stop(step)
     if (self._every and step % self._every == 0) or reason:
       self._save(step)
+    if reason and self._stop.for_resource:
+      raise ResourceStop(f"{reason}; checkpoint saved at step {step}. Rerun "
+                         "the same command to resume.")
     if reason:
       raise Preempted(f"{reason} at step {step}; checkpoint saved, exit code "
                       f"{PREEMPTED_EXIT_CODE}.")

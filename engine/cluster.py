@@ -26,12 +26,15 @@ from engine import devices, watchdog
 from engine.config import Config
 from engine.errors import ConfigError, flag_error
 
-# Exit code for a cluster failure at run time (2 is bad input, from main.py).
-EXIT_CLUSTER = 3
 # A running peer whose port refuses this many probes in a row is lost; probes
 # are _PROBE_SECONDS apart, so a dead peer is noticed in about 3 seconds.
 _PROBE_SECONDS = 1.0
 _PROBE_FAILURES = 3
+# After reporting a lost peer, how long beyond --collective_timeout the
+# watchdog process lets the worker stop itself before it ends it.
+_GRACE_SECONDS = 10.0
+# How long a peer's gRPC server has to answer the probe of `stuck_peers`.
+_RESPOND_SECONDS = 2.0
 _watchdog: Optional["Watchdog"] = None
 
 
@@ -57,7 +60,8 @@ def make_multi_worker_strategy(config: Config) -> tf.distribute.Strategy:
   logging.info("Cluster %s; this task is %s:%d (%s), %d replica(s) per worker.",
                json.dumps(spec), me[0], me[1], own, len(local))
   global _watchdog
-  _watchdog = Watchdog(addresses, me, config.init_timeout)
+  _watchdog = Watchdog(addresses, me, config.init_timeout,
+                       grace=config.collective_timeout + _GRACE_SECONDS)
   _watchdog.start()
   strategy = tf.distribute.MultiWorkerMirroredStrategy(
       cluster_resolver=resolver,
@@ -72,6 +76,28 @@ def stop_watchdog() -> None:
   """Called after the last collective: peers may now exit in any order."""
   if _watchdog is not None:
     _watchdog.stop()
+
+
+def peer_messages():
+  """The watchdog process's reports (`lost ...` lines), or None off a cluster."""
+  return _watchdog.messages if _watchdog is not None else None
+
+
+def stuck_peers_line() -> Optional[str]:
+  """Names the peers whose gRPC server no longer answers, for engine/hang.py.
+
+  Called once a host call has outlived its bound: a peer that is stopped
+  (SIGSTOP), swapped out or frozen still has its port accepting connections,
+  so only a request that needs an answer tells it apart.
+  """
+  peers = _watchdog.peers if _watchdog is not None else {}
+  stuck = [t for t, a in peers.items()
+           if not watchdog.responds(a, _RESPOND_SECONDS)]
+  if not stuck:
+    return None
+  return (f"lost task {_names(stuck, peers)}: it stopped responding during "
+          "training (its gRPC server did not answer within "
+          f"{_RESPOND_SECONDS:g} s); stopping this worker too.")
 
 
 def cluster_resolver(config: Config, environ):
@@ -187,19 +213,22 @@ class Watchdog:
   """
 
   def __init__(self, addresses: Dict[tuple, str], me: tuple,
-               init_timeout: float):
+               init_timeout: float, grace: float):
     self.peers = {k: v for k, v in addresses.items() if k != me}
     self._args = [str(os.getpid()), str(init_timeout), str(_PROBE_SECONDS),
-                  str(_PROBE_FAILURES),
+                  str(_PROBE_FAILURES), str(grace),
                   json.dumps({f"{t}:{i}": a for (t, i), a in
                               self.peers.items()})]
     self._proc = None
+    self.messages = None  # its stdout: `lost ...` lines for engine/hang.py
 
   def start(self):
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                           "watchdog.py")
     self._proc = subprocess.Popen([sys.executable, script, *self._args],
-                                  stdin=subprocess.PIPE, text=True)
+                                  stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+    self.messages = self._proc.stdout
 
   def _say(self, word):
     if self._proc is not None and self._proc.poll() is None:
@@ -214,27 +243,54 @@ class Watchdog:
     if self._proc is not None:
       self._proc.stdin.close()
       self._proc.wait(10)
+      # Its stdout stays open: the hang watchdog may still be reading it,
+      # and sees EOF now that the process has ended.
       self._proc = None
+
+
+# What TensorFlow's error text says about a lost peer, in the line's words.
+_CAUSES = (
+    ("stopped sending heartbeats",
+     "it stopped sending heartbeats to TensorFlow's coordination service"),
+    ("Socket closed", "its connection closed"),
+    ("Connection reset", "its connection was reset"),
+    ("Connection refused", "it refused connections"),
+    ("failed to connect", "it refused connections"),
+)
 
 
 def failure_line(error: Exception, collective_timeout: float) -> str:
   """One line for a failed collective, naming the lost task where it can.
 
-  TF names the remote task in the gRPC error; failing that, the peers whose
-  ports refuse a connection right now are named.
+  TF names the remote task in the gRPC or coordination-service error;
+  failing that, the peers whose ports refuse a connection right now are
+  named.
   """
   text = str(getattr(error, "message", error))
   peers = _watchdog.peers if _watchdog is not None else {}
   named = [(job, int(i)) for job, i in
-           re.findall(r"/job:(\w+)/replica:\d+/task:(\d+)", text)]
+           re.findall(r"/job:(\w+)/(?:replica:\d+/)?task:(\d+)", text)]
   lost = [t for t in dict.fromkeys(named) if t in peers]
   if not lost:
     lost = [t for t, a in peers.items() if not watchdog.accepts(a)]
-  first = text.strip().splitlines()[-1] if text.strip() else type(error).__name__
+  cause = next((words for key, words in _CAUSES if key in text), None)
   if lost:
-    return f"lost task {_names(lost, peers)}; a collective failed: {first}"
+    return (f"lost task {_names(lost, peers)}: "
+            f"{cause or 'a collective failed: ' + _first_line(error, text)}"
+            "; stopping this worker too.")
   return (f"a collective failed or exceeded --collective_timeout="
-          f"{collective_timeout:g}: {first}")
+          f"{collective_timeout:g}: {cause or _first_line(error, text)}")
+
+
+def _first_line(error: Exception, text: str) -> str:
+  """The first line of TF's message that says something (not where)."""
+  skip = ("Graph execution error", "Detected at node", "File ", "[[",
+          "The error could be from")
+  for line in text.splitlines():
+    line = line.strip().replace("Collective ops is aborted by: ", "")
+    if line and not line.startswith(skip):
+      return line
+  return type(error).__name__
 
 
 def _names(tasks, addresses) -> str:

@@ -101,13 +101,17 @@ def check_nccl(choice: str, devices: Sequence[str]) -> None:
 
 
 def communication_options(config: Config):
-  """Options passed to every explicit all-reduce (packing, timeout, algorithm)."""
+  """Options passed to every explicit all-reduce (packing, algorithm).
+
+  No `timeout_seconds`, here or anywhere: TensorFlow keeps one sleeping
+  thread per collective op for the whole timeout (tensorflow#62466), which
+  made long runs die of thread exhaustion. engine/hang.py bounds the host
+  calls instead, with one thread per process.
+  """
   impl = {"nccl": _Impl.NCCL, "ring": _Impl.RING}.get(
       config.cross_device_ops, _Impl.AUTO)
   return tf.distribute.experimental.CommunicationOptions(
-      bytes_per_pack=config.bytes_per_pack,
-      timeout_seconds=config.collective_timeout,
-      implementation=impl)
+      bytes_per_pack=config.bytes_per_pack, implementation=impl)
 
 
 def _mirrored_cross_device_ops(config: Config, devices, key_start: int):
@@ -118,11 +122,9 @@ def _mirrored_cross_device_ops(config: Config, devices, key_start: int):
     # physical GPUs and ring otherwise.
     return None
   if choice == "ring":
-    opts = tf.distribute.experimental.CommunicationOptions(
-        implementation=_Impl.RING, bytes_per_pack=config.bytes_per_pack,
-        timeout_seconds=config.collective_timeout)
     return cross_device_ops_lib.CollectiveAllReduce(
-        devices=devices, group_size=len(devices), options=opts,
+        devices=devices, group_size=len(devices),
+        options=communication_options(config),
         collective_keys=cross_device_utils.CollectiveKeys(
             group_key_start=key_start))
   if choice == "nccl":

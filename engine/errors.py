@@ -12,3 +12,11 @@ class ConfigError(ValueError):
 def flag_error(flag: str, value, problem: str) -> ConfigError:
   """Builds a ConfigError whose message starts with `--flag=value:`."""
   return ConfigError(f"--{flag}={value}: {problem}")
+
+
+class ClusterError(RuntimeError):
+  """A peer was lost or a collective is stuck; the run cannot go on.
+
+  The message is one line naming the task or the call that outlived its
+  bound (engine/hang.py); `main` prints it and exits with code 3.
+  """

@@ -13,6 +13,7 @@ from absl import logging
 import tensorflow as tf
 
 import data
+from engine import hang
 from engine.config import Config
 from engine.hooks import Hook, every
 
@@ -62,7 +63,7 @@ class Evaluator:
   """Evaluates a model over one finite data set, as often as asked."""
 
   def __init__(self, strategy, model, dataset: tf.data.Dataset,
-               num_examples: int):
+               num_examples: int, watch=hang.unbounded):
     self._dataset = strategy.experimental_distribute_dataset(dataset)
     self._loop = make_eval_loop(strategy, make_replica_eval_step(model))
     # An upper bound only; the pass ends when the data do. Each step uses at
@@ -70,11 +71,13 @@ class Evaluator:
     # workers different numbers of batches, so n + 1 steps always see the end.
     self._max_batches = tf.constant(num_examples + 1, tf.int32)
     self.num_examples = num_examples
+    self._watch = watch  # engine/hang.py's bound for a pass
 
   def evaluate(self) -> dict:
     """One pass: {"eval_loss", "eval_accuracy", "eval_examples"}."""
-    loss_sum, correct, count = self._loop(
-        iter(self._dataset), self._max_batches).numpy()
+    with self._watch("eval", self.num_examples):
+      loss_sum, correct, count = self._loop(
+          iter(self._dataset), self._max_batches).numpy()
     if int(count) != self.num_examples:
       raise RuntimeError(f"evaluated {int(count)} examples, expected "
                          f"{self.num_examples}: the eval split was not read "
@@ -135,7 +138,8 @@ class EvalHook(Hook):
 
 def make_hook(config: Config, strategy, model, global_batch: int,
               steps_per_epoch: int, total_steps: int,
-              num_workers: int = 1, on_result=None) -> EvalHook:
+              num_workers: int = 1, on_result=None,
+              watch=hang.unbounded) -> EvalHook:
   """The run's EvalHook; it does nothing when --eval_split is empty.
 
   `on_result(step, metrics)` is called after each evaluation.
@@ -151,7 +155,7 @@ def make_hook(config: Config, strategy, model, global_batch: int,
                config.eval_split, num_examples,
                f"{config.eval_every} steps" if config.eval_every else
                f"epoch ({steps_per_epoch} steps)")
-  evaluator = Evaluator(strategy, model, dataset, num_examples)
+  evaluator = Evaluator(strategy, model, dataset, num_examples, watch)
   return EvalHook(evaluator, config.eval_every or steps_per_epoch,
                   total_steps, on_result)
 

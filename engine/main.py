@@ -13,7 +13,10 @@ from absl import flags
 from absl import logging
 
 from engine import config as config_lib
-from engine.errors import ConfigError, flag_error
+from engine.errors import ClusterError, ConfigError, flag_error
+
+# A peer was lost or a collective got stuck (2 is bad input, 4 divergence).
+EXIT_CLUSTER = 3
 
 # Defaults live in the dataclass, not here.
 _DEF = {f.name: f.default for f in dataclasses.fields(config_lib.Config)}
@@ -176,18 +179,33 @@ def main(argv):
     devices.configure_host(config.cpu_devices)
     from engine import train  # pylint: disable=g-import-not-at-top
     from engine import checkpoint  # pylint: disable=g-import-not-at-top
+    from engine import resources  # pylint: disable=g-import-not-at-top
     try:
       train.train(config)
     except checkpoint.Preempted as e:
       logging.flush()
       print(f"preempted: {e}", file=sys.stderr)
       sys.exit(checkpoint.PREEMPTED_EXIT_CODE)
+    except checkpoint.ResourceStop as e:
+      _fail(str(e), code=resources.RESOURCE_EXIT_CODE)
+    except (MemoryError, tf_errors().ResourceExhaustedError) as e:
+      # Raised inside a step, whose update may be half applied: no new
+      # checkpoint; a rerun resumes from the latest one.
+      text = str(e).strip().splitlines()
+      _fail(f"out of memory ({type(e).__name__}: "
+            f"{text[-1] if text else 'no details'}); the latest checkpoint "
+            f"in {config.model_dir}/checkpoints is intact. Lower "
+            "--batch_size_per_replica or free memory.",
+            code=resources.RESOURCE_EXIT_CODE)
     except FloatingPointError as e:
       _fail(f"training diverged: {e}; the latest checkpoint in "
             f"{config.model_dir}/checkpoints holds the last finite weights. "
             "Lower --learning_rate.", code=4)
   except ConfigError as e:
     _fail(str(e))
+  except ClusterError as e:
+    # A lost peer or a stuck collective, named by engine/hang.py.
+    _fail(str(e), code=EXIT_CLUSTER)
   except (tf_errors().UnavailableError, tf_errors().DeadlineExceededError,
           tf_errors().CancelledError, tf_errors().AbortedError) as e:
     # A collective failed: a peer died or hung. One line, non-zero exit.
@@ -195,7 +213,7 @@ def main(argv):
     logging.flush()
     print("error: " + cluster.failure_line(e, FLAGS.collective_timeout),
           file=sys.stderr, flush=True)
-    sys.exit(cluster.EXIT_CLUSTER)
+    sys.exit(EXIT_CLUSTER)
 
 
 def tf_errors():

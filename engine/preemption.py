@@ -31,10 +31,13 @@ from typing import Optional
 from absl import logging
 import tensorflow as tf
 
-from engine import cluster, step
+from engine import cluster, hang, step
 from engine.config import Config
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# A worker's flag in the exchange: 1 for a signal, this for a resource
+# (engine/resources.py). float32 sums integers exactly up to 2**24.
+_RESOURCE_FLAG = float(2**16)
 
 
 class StopAgreement:
@@ -45,17 +48,33 @@ class StopAgreement:
   close).
   """
 
-  def __init__(self, strategy: tf.distribute.Strategy, config: Config):
+  def __init__(self, strategy: tf.distribute.Strategy, config: Config,
+               watch=hang.unbounded):
+    """Starts noting the signals.
+
+    Args:
+      strategy: the run's strategy; the exchange spans all its replicas.
+      config: reads `preemption_sync` and the communication options.
+      watch: engine/hang.py's bound for the exchange.
+    """
+    self._watch = watch
     # --nopreemption_sync skips the exchange: each worker then acts on its own
     # signal alone (only for measuring the exchange's cost; see README).
     self._exchange = (step.make_stop_exchange(strategy, config)
                       if config.preemption_sync else None)
     self._signal = None
+    self._resource = None  # why engine/resources.py asked to stop
+    # Set when the agreed stop is for a resource on any worker.
+    self.for_resource = False
     self._previous = {s: signal.signal(s, self._on_signal) for s in _SIGNALS}
 
   def _on_signal(self, signum, frame):
     del frame
     self._signal = signum
+
+  def request_stop(self, reason: str) -> None:
+    """A stop for `reason` (a host resource nearly exhausted), not a signal."""
+    self._resource = reason
 
   def should_stop(self, step_reached: int) -> Optional[str]:
     """Called by every worker after every host call, at the same boundary.
@@ -64,17 +83,30 @@ class StopAgreement:
       None to go on, else why all workers stop at `step_reached`: the signal's
       name where it arrived, "stop requested by another worker" elsewhere.
     """
-    local = 0.0 if self._signal is None else 1.0
-    total = (local if self._exchange is None else
-             float(self._exchange(tf.constant(local, tf.float32))))
+    # One number says both whether any worker wants to stop and whether
+    # any wants it for a resource: the sum of 1s stays below _RESOURCE_FLAG.
+    local = (_RESOURCE_FLAG if self._resource is not None else
+             0.0 if self._signal is None else 1.0)
+    if self._exchange is None:
+      total = local
+    else:
+      with self._watch("exchange"):
+        total = float(self._exchange(tf.constant(local, tf.float32)))
     if total == 0.0:
       return None
+    self.for_resource = total >= _RESOURCE_FLAG
     # No collective follows, only the save: peers may now exit in any order
     # without the watchdog taking one that is still saving for a lost task.
     cluster.stop_watchdog()
     # Read again: a signal noted during the exchange is this worker's too.
-    reason = (signal.Signals(self._signal).name if self._signal is not None
-              else "stop requested by another worker")
+    if self._resource is not None:
+      reason = self._resource
+    elif self.for_resource:
+      reason = "stop requested by another worker (host resource)"
+    elif self._signal is not None:
+      reason = signal.Signals(self._signal).name
+    else:
+      reason = "stop requested by another worker"
     logging.info("Preemption: %s; every worker saves a checkpoint at step %d.",
                  reason, step_reached)
     return reason

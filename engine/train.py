@@ -15,8 +15,8 @@ import tensorflow as tf
 
 import data
 import models
-from engine import (checkpoint, cluster, comm, devices, evaluate, memory,
-                    preemption, reporting, step)
+from engine import (checkpoint, cluster, comm, devices, evaluate, hang,
+                    memory, preemption, reporting, resources, step)
 from engine.config import Config
 from engine.errors import flag_error
 from engine.optimizers import create_optimizer
@@ -122,22 +122,47 @@ def train(config: Config, extra_hooks=()) -> Result:
   train_loop = step.make_train_loop(
       strategy, step.make_replica_step(model, optimizer, config))
 
-  ckpt_hook = checkpoint.CheckpointHook(
-      checkpointer, config.checkpoint_every,
-      preemption.StopAgreement(strategy, config))
+  # One thread bounds every call that can wait on peers (engine/hang.py);
+  # no collective has a timeout of its own.
+  with hang.bounded_calls(
+      config.collective_timeout, config.init_timeout,
+      peer_messages=cluster.peer_messages(),
+      name_stuck=cluster.stuck_peers_line) as watch:
+    return _train_and_report(
+        config, strategy, model, optimizer, checkpointer, iterator,
+        train_loop, info, chief=chief, output_dir=output_dir,
+        start_step=start_step, total_steps=total_steps,
+        global_batch=global_batch, workers=workers,
+        malloc_tuned=malloc_tuned, extra_hooks=extra_hooks, watch=watch)
+
+
+def _train_and_report(config, strategy, model, optimizer, checkpointer,
+                      iterator, train_loop, info, *, chief, output_dir,
+                      start_step, total_steps, global_batch, workers,
+                      malloc_tuned, extra_hooks, watch) -> Result:
+  """Runs the loop with its hooks; writes summary.json, weights, export."""
+  replicas = strategy.num_replicas_in_sync
+  stop = preemption.StopAgreement(strategy, config, watch)
+  ckpt_hook = checkpoint.CheckpointHook(checkpointer, config.checkpoint_every,
+                                        stop)
+  # Before the checkpoint hook: a stop it asks for is exchanged at once.
+  resource_hook = resources.ResourceHook(stop.request_stop)
   report_hooks = reporting.make_hooks(
       config, chief=chief, output_dir=output_dir, optimizer=optimizer,
       start_step=start_step, total_steps=total_steps,
       steps_per_epoch=info.steps_per_epoch)
   eval_hook = evaluate.make_hook(
       config, strategy, model, global_batch, info.steps_per_epoch,
-      total_steps, workers, on_result=reporting.eval_writer(report_hooks))
+      total_steps, workers, on_result=reporting.eval_writer(report_hooks),
+      watch=watch)
   comm_hook = comm.CommHook(config, optimizer, model.trainable_variables,
                             replicas)
-  hook_list = [*report_hooks, *extra_hooks, eval_hook, comm_hook, ckpt_hook]
+  hook_list = [*report_hooks, *extra_hooks, eval_hook, comm_hook,
+               resource_hook, ckpt_hook]
   try:
     history, steady_examples, steady_seconds = _run(
-        train_loop, iterator, start_step, total_steps, config, hook_list)
+        train_loop, iterator, start_step, total_steps, config, hook_list,
+        watch)
   finally:
     ckpt_hook.close()
     reporting.close(hook_list)
@@ -187,7 +212,7 @@ def train(config: Config, extra_hooks=()) -> Result:
 
 
 def _run(train_loop, iterator, start_step: int, total_steps: int,
-         config: Config, hook_list):
+         config: Config, hook_list, watch):
   """Calls the compiled loop until `total_steps`, handing each call to hooks.
 
   The first call runs a single step: it includes tracing, so it is left out of
@@ -201,7 +226,8 @@ def _run(train_loop, iterator, start_step: int, total_steps: int,
                [h.next_stop(done) for h in hook_list])
     n = 1 if done == start_step else int(stop - done)
     start = time.perf_counter()
-    out = train_loop(iterator, tf.constant(n, tf.int32)).numpy()  # host sync
+    with watch("train", n):
+      out = train_loop(iterator, tf.constant(n, tf.int32)).numpy()  # host sync
     seconds = time.perf_counter() - start
     if done > start_step:
       steady_examples += float(out[:, 2].sum())

@@ -5,13 +5,21 @@ C++ while holding the GIL, so no Python thread of the worker can run a timer.
 This script imports nothing but the standard library and must stay that way
 (it starts in milliseconds and cannot be blocked by TensorFlow).
 
-  watchdog.py PARENT_PID INIT_TIMEOUT PROBE_SECONDS PROBE_FAILURES PEERS_JSON
+  watchdog.py PARENT_PID INIT_TIMEOUT PROBE_SECONDS PROBE_FAILURES GRACE PEERS_JSON
 
 PEERS_JSON maps "job:index" to "host:port". The parent writes "joined" on our
 stdin once the strategy is built and "stop" after its last collective; EOF
-means it has ended and we end too. On a timeout or a lost peer we print one
-line to stderr (shared with the parent) and end the parent with SIGTERM
-(SIGKILL 2 s later: TF or absl may hold SIGTERM while the GIL is held), so the worker exits non-zero.
+means it has ended and we end too.
+
+A peer that never joins within INIT_TIMEOUT: we print one line to stderr
+(shared with the parent) and end the parent with SIGTERM (SIGKILL 2 s later:
+the parent is blocked in C++ holding the GIL and cannot act itself).
+
+A peer lost after joining: we write `lost <reason>` on stdout, a pipe the
+parent's hang watchdog thread (engine/hang.py) reads; it aborts the parent's
+collectives, so the parent exits with its documented code (3). Only if the
+parent is still running GRACE seconds later do we print the line ourselves
+and end it as above.
 """
 import json
 import os
@@ -31,6 +39,26 @@ def accepts(address: str, timeout: float = 1.0) -> bool:
     return False
 
 
+# An HTTP/2 client connection preface followed by an empty SETTINGS frame.
+# A gRPC server answers it at once with its own SETTINGS frame; a stopped or
+# hung process does not, although its kernel still accepts the connection.
+_HTTP2_PREFACE = (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" +
+                  b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+
+
+def responds(address: str, timeout: float = 2.0) -> bool:
+  """True if the gRPC server at `address` answers within `timeout` seconds."""
+  host, _, port = address.rpartition(":")
+  try:
+    with socket.create_connection((host.strip("[]"), int(port)),
+                                  timeout) as s:
+      s.settimeout(timeout)
+      s.sendall(_HTTP2_PREFACE)
+      return bool(s.recv(9))
+  except OSError:
+    return False
+
+
 def names(tasks, peers) -> str:
   return ", ".join(f"{t} ({peers[t]})" for t in tasks)
 
@@ -38,7 +66,7 @@ def names(tasks, peers) -> str:
 def main(argv):
   parent, init_timeout = int(argv[1]), float(argv[2])
   probe_seconds, probe_failures = float(argv[3]), int(argv[4])
-  peers = json.loads(argv[5])
+  grace, peers = float(argv[5]), json.loads(argv[6])
   # A SIGTERM/Ctrl-C sent to the whole process group is for the worker, which
   # goes on to agree on a preemption step and save; we end when it ends (EOF).
   for sig in (signal.SIGTERM, signal.SIGINT):
@@ -52,9 +80,13 @@ def main(argv):
     os._exit(0)  # the parent ended: nothing left to watch
   threading.Thread(target=read_parent, daemon=True).start()
 
-  def end_parent(message):
+  def end_parent(message, graceful=False):
     if stopped.is_set():
       return
+    if graceful:  # the parent can act: let it stop itself with its own code
+      print(f"lost {message}", flush=True)
+      if stopped.wait(grace):
+        return
     print(f"error: {message}", file=sys.stderr, flush=True)
     os.kill(parent, signal.SIGTERM)
     time.sleep(2)
@@ -77,7 +109,8 @@ def main(argv):
       failures[t] = 0 if accepts(address) else failures[t] + 1
       if failures[t] >= probe_failures:
         end_parent(f"lost task {names([t], peers)}: it stopped accepting "
-                   "connections during training; stopping this worker too.")
+                   "connections during training; stopping this worker too.",
+                   graceful=True)
 
 
 if __name__ == "__main__":
