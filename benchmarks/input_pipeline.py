@@ -29,7 +29,7 @@ from absl import app
 from absl import flags
 
 from benchmarks import variants
-from engine import hooks
+from engine.core import hooks
 
 flags.DEFINE_enum("variant", None, ["folder", "tfds", "memory"],
                   "Internal: run one variant in this process.")
@@ -61,15 +61,15 @@ class StepTimer(hooks.Hook):
 
   def after_loop(self, step, rows, seconds):
     if step - len(rows) >= self._start:
-      self.examples += float(rows[:, 2].sum())
+      self.examples += float(rows["examples"].sum())
       self.seconds += seconds
 
 
 def child():
-  from engine import devices  # pylint: disable=g-import-not-at-top
+  from engine.distribute import devices  # pylint: disable=g-import-not-at-top
   devices.configure_host(FLAGS.cpu_devices)
-  from engine import train  # pylint: disable=g-import-not-at-top
-  from engine.config import Config  # pylint: disable=g-import-not-at-top
+  import engine  # pylint: disable=g-import-not-at-top
+  from engine.tasks import image_classification as ic  # pylint: disable=g-import-not-at-top
   images = os.path.join(FLAGS.work_dir, "images")
   source = {
       "folder": dict(dataset=f"folder:{images}"),
@@ -80,13 +80,14 @@ def child():
   global_batch = FLAGS.batch_size_per_replica * FLAGS.cpu_devices
   start = -(-FLAGS.images // global_batch) + FLAGS.warmup
   timer = StepTimer(start)
-  train.train(Config(
+  config, image = ic.configs(
       model=FLAGS.model, image_size=FLAGS.image_size, strategy="mirrored",
       cpu_devices=FLAGS.cpu_devices,
       batch_size_per_replica=FLAGS.batch_size_per_replica,
       train_steps=start + FLAGS.steps, steps_per_loop=10, log_every=1000,
-      model_dir=tempfile.mkdtemp(prefix="tfengine_bench_"), **source),
-              extra_hooks=[timer])
+      model_dir=tempfile.mkdtemp(prefix="tfengine_bench_"), **source)
+  engine.run(ic.ImageClassification(image, seed=config.loop.seed), config,
+             hooks=[timer])
   print("RESULT " + json.dumps({"variant": FLAGS.variant,
                                 "rate": timer.examples / timer.seconds}))
 

@@ -177,8 +177,9 @@ def run_mirrored(cells, tmp):
 
 def cells_child():
   """Runs the --cells spec (engine, then fit, per cell) in this process."""
-  from engine import devices, train  # pylint: disable=g-import-not-at-top
-  from engine.config import Config  # pylint: disable=g-import-not-at-top
+  import engine  # pylint: disable=g-import-not-at-top
+  from engine.distribute import devices  # pylint: disable=g-import-not-at-top
+  from engine.tasks import image_classification as ic  # pylint: disable=g-import-not-at-top
   devices.configure_host(FLAGS.cpu_devices)
   with open(FLAGS.cells) as f:
     cells = json.load(f)
@@ -187,10 +188,12 @@ def cells_child():
     fields = dict(cell["fields"])
     if "devices" in fields:
       fields["devices"] = tuple(fields["devices"])
-    engine = train.train(Config(**fields)).summary["examples_per_sec"]
+    config, image = ic.configs(**fields)
+    rate = engine.run(ic.ImageClassification(image, seed=config.loop.seed),
+                      config).summary["examples_per_sec"]
     FLAGS.steps = cell["fit_steps"]  # run_fit times the steps after --warmup
     fields["model_dir"] += "_fit"
-    results.append((engine, throughput.run_fit(Config(**fields))))
+    results.append((rate, throughput.run_fit(fields)))
   with open(FLAGS.cells + ".out", "w") as f:
     json.dump(results, f)
 
@@ -220,9 +223,8 @@ def run_multi_worker(n, fields, fit_steps, global_batch, tmp):
 
 def fit_child():
   """One worker of a Keras `fit` run under engine.launch (one replica each)."""
-  from engine import cluster  # pylint: disable=g-import-not-at-top
-  from engine.config import Config  # pylint: disable=g-import-not-at-top
-  config = Config(
+  from engine.distribute import cluster  # pylint: disable=g-import-not-at-top
+  fields = dict(
       strategy="multi_worker", worker_hosts=tuple(FLAGS.worker_hosts),
       task_index=FLAGS.task_index, model=FLAGS.model,
       image_size=FLAGS.image_size,
@@ -231,7 +233,7 @@ def fit_child():
       num_classes=FLAGS.num_classes, optimizer="adam",
       batch_size_per_replica=FLAGS.global_batch // len(FLAGS.worker_hosts),
       train_steps=FLAGS.warmup + FLAGS.steps, model_dir=tempfile.mkdtemp())
-  rate = throughput.run_fit(config)  # times the steps after --warmup
+  rate = throughput.run_fit(fields)  # times the steps after --warmup
   cluster.stop_watchdog()  # the last collective is done; peers may exit
   if FLAGS.task_index == 0:  # the chief reports
     with open(FLAGS.fit_result, "w") as f:

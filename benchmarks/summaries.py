@@ -10,7 +10,6 @@ best rate of each and the ratio (target: summaries cost < 2%). On a shared
 machine that ratio is noisy, so it also prints the share of the timed
 window spent inside the summary hook itself, which noise barely moves.
 """
-import dataclasses
 import tempfile
 import time
 
@@ -26,7 +25,7 @@ FLAGS = flags.FLAGS
 
 def _timed_hook():
   """Counts the seconds spent in SummaryHook.after_loop in this process."""
-  from engine import summaries  # pylint: disable=g-import-not-at-top
+  from engine.report import summaries  # pylint: disable=g-import-not-at-top
   spent = [0.0]
   inner = summaries.SummaryHook.after_loop
 
@@ -42,21 +41,21 @@ def main(argv):
   del argv
   spent = _timed_hook()
   shares = []
-  from engine import devices  # pylint: disable=g-import-not-at-top
+  from engine.distribute import devices  # pylint: disable=g-import-not-at-top
   devices.configure_host(FLAGS.cpu_devices)
   variants = {"without": 0, "with": FLAGS.summary_every}
   best = {v: 0.0 for v in variants}
   for r in range(FLAGS.rounds):
     order = list(variants) if r % 2 == 0 else list(variants)[::-1]
     for v in order:
-      base = throughput._config()  # pylint: disable=protected-access
-      config = dataclasses.replace(
-          base, summary_every=variants[v], export=False,
+      fields = dict(
+          throughput._fields(),  # pylint: disable=protected-access
+          summary_every=variants[v], export=False,
           model_dir=tempfile.mkdtemp(prefix="tfengine_bench_summaries_"))
       before = spent[0]
-      rate = throughput.run_engine(config)
+      rate = throughput.run_engine(fields)
       # Approximate window: the timed steps at the measured rate.
-      window = FLAGS.steps * config.batch_size_per_replica * (
+      window = FLAGS.steps * fields["batch_size_per_replica"] * (
           FLAGS.cpu_devices) / rate
       share = (spent[0] - before) / window
       if variants[v]:

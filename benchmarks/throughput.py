@@ -33,40 +33,47 @@ flags.DEFINE_integer("steps_per_loop", 10, "Engine steps per host call.")
 FLAGS = flags.FLAGS
 
 
-def _config():
-  from engine.config import Config  # pylint: disable=g-import-not-at-top
-  return Config(
+def _fields():
+  """The built-in job's flag values for this benchmark."""
+  return dict(
       model=FLAGS.model, image_size=FLAGS.image_size, strategy="mirrored",
       cpu_devices=FLAGS.cpu_devices, optimizer="adam",
       batch_size_per_replica=FLAGS.batch_size_per_replica,
-      train_steps=FLAGS.warmup + FLAGS.steps, steps_per_loop=FLAGS.steps_per_loop,
-      log_every=1000, synthetic_examples=4096,
+      train_steps=FLAGS.warmup + FLAGS.steps,
+      steps_per_loop=FLAGS.steps_per_loop, log_every=1000,
+      synthetic_examples=4096,
       model_dir=tempfile.mkdtemp(prefix="tfengine_bench_"))
 
 
-def _common(config):
+def _common(fields):
   """Strategy, model, data: built the same way for the two baselines."""
   import keras  # pylint: disable=g-import-not-at-top
-  import data  # pylint: disable=g-import-not-at-top
-  import models  # pylint: disable=g-import-not-at-top
-  from engine import devices, memory  # pylint: disable=g-import-not-at-top
-  strategy = devices.make_strategy(config)
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from engine.core import inputs  # pylint: disable=g-import-not-at-top
+  from engine.distribute import devices, memory  # pylint: disable=g-import-not-at-top
+  from engine.tasks import image_classification as ic  # pylint: disable=g-import-not-at-top
+  config, image = ic.configs(**fields)
+  strategy = devices.make_strategy(config.distribution)
   # The engine's host-memory setting for the baselines too, so that the
   # ratios measure the loops and not the allocator (README, Host memory).
   memory.tune_malloc()
-  global_batch = config.batch_size_per_replica * strategy.num_replicas_in_sync
-  dataset, info = data.build_train(config, global_batch)
-  keras.utils.set_random_seed(config.seed)
+  global_batch = (config.data.batch_size_per_replica *
+                  strategy.num_replicas_in_sync)
+  task = ic.ImageClassification(image, seed=config.loop.seed)
+  keras.utils.set_random_seed(config.loop.seed)
+  dataset = inputs.TrainData(task, tf.distribute.InputContext(), config.data,
+                             global_batch, config.loop.seed).batches()
   with strategy.scope():
-    model = models.create_model(config.model, info.num_classes,
-                                config.image_size)
-    optimizer = keras.optimizers.Adam(config.learning_rate)
+    model = task.build_model()
+    optimizer = keras.optimizers.Adam(config.optimization.learning_rate)
   return strategy, model, optimizer, dataset, global_batch
 
 
-def run_engine(config):
+def run_engine(fields):
   """Timed like the baselines: all steps after the warm-up, end to end."""
-  from engine import hooks, train  # pylint: disable=g-import-not-at-top
+  import engine  # pylint: disable=g-import-not-at-top
+  from engine.core import hooks  # pylint: disable=g-import-not-at-top
+  from engine.tasks import image_classification as ic  # pylint: disable=g-import-not-at-top
 
   class Timer(hooks.Hook):
     def __init__(self):
@@ -77,19 +84,21 @@ def run_engine(config):
 
     def after_loop(self, step, rows, seconds):
       if self.start is not None:
-        self.examples += float(rows[:, 2].sum())
+        self.examples += float(rows["examples"].sum())
         self.stop = time.perf_counter()
       if step == FLAGS.warmup:
         self.start = time.perf_counter()
 
   timer = Timer()
-  train.train(config, extra_hooks=[timer])
+  config, image = ic.configs(**fields)
+  engine.run(ic.ImageClassification(image, seed=config.loop.seed), config,
+             hooks=[timer])
   return timer.examples / (timer.stop - timer.start)
 
 
-def run_fit(config):
+def run_fit(fields):
   import keras  # pylint: disable=g-import-not-at-top
-  strategy, model, optimizer, dataset, global_batch = _common(config)
+  strategy, model, optimizer, dataset, global_batch = _common(fields)
   with strategy.scope():
     model.compile(optimizer=optimizer, metrics=["accuracy"],
                   loss=keras.losses.SparseCategoricalCrossentropy(
@@ -106,10 +115,10 @@ def run_fit(config):
   return FLAGS.steps * global_batch / (time.perf_counter() - marks["start"])
 
 
-def run_minimal(config):
+def run_minimal(fields):
   """The textbook custom loop: one tf.function call per step, Keras reduces."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  strategy, model, optimizer, dataset, global_batch = _common(config)
+  strategy, model, optimizer, dataset, global_batch = _common(fields)
   with strategy.scope():
     optimizer.build(model.trainable_variables)
 
@@ -139,10 +148,10 @@ def run_minimal(config):
 
 
 def child():
-  from engine import devices  # pylint: disable=g-import-not-at-top
+  from engine.distribute import devices  # pylint: disable=g-import-not-at-top
   devices.configure_host(FLAGS.cpu_devices)
   run = {"engine": run_engine, "fit": run_fit, "minimal": run_minimal}
-  rate = run[FLAGS.variant](_config())
+  rate = run[FLAGS.variant](_fields())
   print("RESULT " + json.dumps({"variant": FLAGS.variant, "rate": rate}))
 
 

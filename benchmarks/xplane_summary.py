@@ -1,7 +1,7 @@
 """Where the time goes in a TF profiler trace: `python -m benchmarks.xplane_summary DIR`.
 
 Reads every `*.xplane.pb` under DIR (written by tf.profiler, e.g. by
-`engine.bench_allreduce --worker_mode --profile_dir=DIR`) and prints, per
+`benchmarks.allreduce --worker_mode --profile_dir=DIR`) and prints, per
 thread, its busy time, and overall the events with the largest total time.
 Only the protobuf TensorFlow ships is used; no TensorBoard plugin.
 """

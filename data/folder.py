@@ -20,7 +20,6 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
-from engine.config import Config
 from engine.errors import flag_error
 
 PREFIX = "folder:"
@@ -130,14 +129,14 @@ def examples(listing: Listing, positions: np.ndarray,
       load, num_parallel_calls=tf.data.AUTOTUNE)
 
 
-def source(config: Config, split: str, flag: str, training: bool,
+def source(config, split: str, flag: str, *, seed: int, training: bool,
            num_workers: int = 1):
   """(examples, count, class names, auto-shard policy) of one split.
 
   DATA sharding: the images are not a file-reader source tf.data could shard
   by file, so every worker reads the list and keeps its slice of each batch.
   """
-  del training, num_workers  # the order is fixed; build_train shuffles
+  del training, num_workers, seed  # the order is fixed; the engine shuffles
   from data import splits  # pylint: disable=g-import-not-at-top
   listing = list_images(config.dataset)
   positions = splits.select(split, len(listing.paths), flag)

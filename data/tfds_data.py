@@ -2,11 +2,10 @@
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from engine.config import Config
 from engine.errors import flag_error
 
 
-def _builder(config: Config):
+def _builder(config):
   try:
     return tfds.builder(config.dataset, data_dir=config.data_dir)
   except tfds.core.registered.DatasetNotFoundError as e:
@@ -17,14 +16,14 @@ def _builder(config: Config):
     ) from e
 
 
-def _read(builder, config: Config, split: str, flag: str,
-          training: bool) -> tf.data.Dataset:
+def _read(builder, config, split: str, flag: str, training: bool,
+          seed: int) -> tf.data.Dataset:
   try:
     return builder.as_dataset(
         split=split, as_supervised=True, shuffle_files=training,
         # No assert_cardinality: the auto-shard rewrite cannot handle it and
         # warns; the count comes from the metadata instead.
-        read_config=tfds.ReadConfig(shuffle_seed=config.seed,
+        read_config=tfds.ReadConfig(shuffle_seed=seed,
                                     assert_cardinality=False))
   except (KeyError, ValueError, AssertionError) as e:
     raise flag_error(flag, split,
@@ -33,7 +32,7 @@ def _read(builder, config: Config, split: str, flag: str,
                      ) from e
 
 
-def _prepared(config: Config):
+def _prepared(config):
   builder = _builder(config)
   if not builder.is_prepared():
     if not config.download:
@@ -72,7 +71,7 @@ def _policy(builder, split: str, num_workers: int):
   return policy.FILE if 1 < num_workers <= files else policy.DATA
 
 
-def source(config: Config, split: str, flag: str, training: bool,
+def source(config, split: str, flag: str, *, seed: int, training: bool,
            num_workers: int = 1):
   """(examples, count, class names, auto-shard policy) of one split.
 
@@ -80,7 +79,7 @@ def source(config: Config, split: str, flag: str, training: bool,
     ConfigError: unknown data set or split, or one that cannot be prepared.
   """
   builder = _prepared(config)
-  ds = _read(builder, config, split, flag, training)
+  ds = _read(builder, config, split, flag, training, seed)
   count = int(ds.cardinality())
   if count < 0:  # the reader does not know: take the metadata's count
     count = builder.info.splits[split].num_examples

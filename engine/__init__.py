@@ -1,14 +1,57 @@
-"""The training engine. Importing it sets TensorFlow's process defaults.
+"""A distributed training loop for TensorFlow: train your task on 1..N replicas
+and workers with the guarantees of engine/README (exact partial batches, one
+gradient all-reduce per step, exact resume, coordinated preemption).
 
-`TF_ENABLE_ONEDNN_OPTS` defaults to 0 here, before any module imports
-TensorFlow (it is read once, at TF's import). TF 2.21 turns its oneDNN graph
-rewrites on by default on CPUs with AVX-512 (VNNI/BF16); there, graphs with
-several replicas fail or go wrong: "input depth must be evenly divisible by
-filter depth: 3 vs 16" on a replica's first convolution with a partial
-batch, and sync-BatchNorm losses that differ between 1 and 2 replicas
-(tests/test_partial_batch.py, tests/test_comm.py; all pass with it off). Set
-the variable yourself (to 1) to have TF's choice back.
+    import engine
+
+    task = engine.Task(model=make_model, inputs=make_examples,
+                       loss=keras.losses.Huber(reduction=None),
+                       metrics={"mae": keras.metrics.mean_absolute_error})
+    engine.configure_host(cpu_devices=2)          # before TensorFlow runs ops
+    result = engine.run(task, engine.Config.create(train_steps=500,
+                                                   cpu_devices=2))
+
+or, as a command line with the engine's flags next to your own:
+
+    if __name__ == "__main__":
+      engine.cli.run(lambda config: task)
+
+Importing the engine defines no absl flag and runs no TensorFlow op. It sets
+one process default first: `TF_ENABLE_ONEDNN_OPTS` to 0 unless you set it
+(TensorFlow reads it once, at its import). TF 2.21 turns its oneDNN graph
+rewrites on by default on CPUs with AVX-512; there, graphs with several
+replicas fail or go wrong (docs/design.md, "oneDNN"). Set the variable
+yourself (to 1) to have TF's choice back.
 """
 import os
 
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+
+# The public API, imported on first use (PEP 562), so that `import engine`
+# and the launcher (`python -m engine.launch`) do not load TensorFlow.
+_API = {
+    "CheckpointConfig": "engine.config", "Config": "engine.config",
+    "DataConfig": "engine.config", "DistributionConfig": "engine.config",
+    "LoopConfig": "engine.config", "OptimizationConfig": "engine.config",
+    "ReportingConfig": "engine.config",
+    "ClusterError": "engine.errors", "ConfigError": "engine.errors",
+    "Hook": "engine.core.hooks", "Rows": "engine.core.hooks",
+    "Result": "engine.core.run", "run": "engine.core.run",
+    "configure_host": "engine.distribute.devices",
+    "Task": "engine.task",
+}
+_MODULES = ("classification", "cli")
+__all__ = sorted(list(_API) + list(_MODULES))
+
+
+def __getattr__(name):
+  import importlib  # pylint: disable=g-import-not-at-top
+  if name in _API:
+    return getattr(importlib.import_module(_API[name]), name)
+  if name in _MODULES:
+    return importlib.import_module(f"engine.{name}")
+  raise AttributeError(f"module 'engine' has no attribute {name!r}")
+
+
+def __dir__():
+  return __all__

@@ -51,9 +51,13 @@ def free_ports(n: int, host: str = "127.0.0.1"):
 
 
 def worker_commands(num_workers: int, engine_flags, ports,
-                    host: str = "127.0.0.1", module: str = "engine.main"):
+                    host: str = "127.0.0.1", module: str = "engine.main",
+                    script: str = ""):
+  """Each worker's command: `python -m MODULE` or `python SCRIPT`, with the
+  cluster flags and then the given flags."""
   hosts = ",".join(f"{host}:{p}" for p in ports)
-  return [[sys.executable, "-m", module, "--strategy=multi_worker",
+  program = [script] if script else ["-m", module]
+  return [[sys.executable, *program, "--strategy=multi_worker",
            f"--worker_hosts={hosts}", f"--task_index={i}", *engine_flags]
           for i in range(num_workers)]
 
@@ -115,7 +119,7 @@ def _preempted(procs, pumps, timeout: float, interrupted, cause: str) -> int:
 
 def launch(num_workers: int, engine_flags, cpu_pinning: bool = False,
            preempt_timeout: float = 60.0,
-           module: str = "engine.main") -> int:
+           module: str = "engine.main", script: str = "") -> int:
   """Runs the workers to completion; returns the launcher's exit code."""
   ports = free_ports(num_workers)
   cores = sorted(os.sched_getaffinity(0))
@@ -130,7 +134,7 @@ def launch(num_workers: int, engine_flags, cpu_pinning: bool = False,
   print(f"launcher: workers' temporary files in {scratch} (removed at the "
         "end)", file=sys.stderr, flush=True)
   for i, cmd in enumerate(worker_commands(num_workers, engine_flags, ports,
-                                          module=module)):
+                                          module=module, script=script)):
     pin = {cores[i]} if cpu_pinning else None
     procs.append(subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
@@ -189,7 +193,7 @@ def launch(num_workers: int, engine_flags, cpu_pinning: bool = False,
 
 def launch_with_restarts(num_workers: int, engine_flags, cpu_pinning: bool,
                          max_restarts: int, preempt_timeout: float = 60.0,
-                         module: str = "engine.main") -> int:
+                         module: str = "engine.main", script: str = "") -> int:
   """Restarts all workers when one fails, up to `max_restarts` times.
 
   Workers resume from the latest checkpoint in --model_dir, so a restart costs
@@ -198,7 +202,7 @@ def launch_with_restarts(num_workers: int, engine_flags, cpu_pinning: bool,
   """
   for attempt in range(max_restarts + 1):
     code = launch(num_workers, engine_flags, cpu_pinning, preempt_timeout,
-                  module)
+                  module, script)
     if code in (0, 2, PREEMPTED) or code >= 128:
       return code
     if attempt < max_restarts:
@@ -215,7 +219,7 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(
       prog="python -m engine.launch",
       usage="%(prog)s --num_workers=N [--max_restarts=K] [--preempt_timeout=S] "
-      "[--cpu_pinning] "
+      "[--cpu_pinning] [--module=M | --script=PATH] "
       "-- <engine flags>")
   parser.add_argument("--num_workers", type=int, required=True)
   parser.add_argument("--max_restarts", type=int, default=0,
@@ -227,11 +231,17 @@ def main(argv=None) -> int:
                       "killing them")
   parser.add_argument("--cpu_pinning", action="store_true",
                       help="pin worker i to the i-th core this process may use")
-  # Another program that takes engine.main's cluster flags: the Keras `fit`
-  # runner of benchmarks/seed_table.py, engine.bench_allreduce.
-  parser.add_argument("--module", default="engine.main",
-                      help="python module each worker runs with python -m "
-                      "(e.g. engine.bench_allreduce); it gets the cluster flags")
+  # Another program that takes engine.main's cluster flags: a user's script
+  # built on engine.cli, the Keras `fit` runner of benchmarks/seed_table.py,
+  # benchmarks.allreduce.
+  program = parser.add_mutually_exclusive_group()
+  program.add_argument("--module", default="engine.main",
+                       help="python module each worker runs with python -m "
+                       "(e.g. examples.tabular_regression); it gets the "
+                       "cluster flags")
+  program.add_argument("--script", default="",
+                       help="python script each worker runs instead of "
+                       "--module (e.g. my_train.py)")
   argv = sys.argv[1:] if argv is None else argv
   ours, engine_flags = (argv[:argv.index("--")], argv[argv.index("--") + 1:]
                         ) if "--" in argv else (argv, [])
@@ -243,12 +253,19 @@ def main(argv=None) -> int:
   if not args.preempt_timeout > 0:
     parser.error(f"--preempt_timeout={args.preempt_timeout:g}: must be "
                  "positive.")
+  if args.script and not os.path.isfile(args.script):
+    parser.error(f"--script={args.script}: no such file.")
   for f in engine_flags:
-    if f.split("=")[0] in ("--strategy", "--worker_hosts", "--task_index"):
-      parser.error(f"{f}: the launcher sets this flag itself; drop it.")
+    name, _, value = f.partition("=")
+    if name == "--strategy" and value == "multi_worker":
+      continue  # what the launcher sets anyway
+    if name in ("--strategy", "--worker_hosts", "--task_index"):
+      parser.error(f"{f}: the launcher sets this flag itself (--strategy="
+                   "multi_worker and the cluster); drop it.")
+  engine_flags = [f for f in engine_flags if f != "--strategy=multi_worker"]
   return launch_with_restarts(args.num_workers, engine_flags,
                               args.cpu_pinning, args.max_restarts,
-                              args.preempt_timeout, args.module)
+                              args.preempt_timeout, args.module, args.script)
 
 
 if __name__ == "__main__":

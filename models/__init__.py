@@ -1,11 +1,9 @@
 """Model registry: name -> plain function(num_classes, image_size) -> keras.Model.
 
 Every model returns logits (no softmax), so the loss is computed stably in
-float32 by the train step. `create_model` applies what is common to all of
-them: the Keras dtype policy (mixed precision) and synchronized BatchNorm.
+float32 by the train step. The built-in image task
+(engine/tasks/image_classification.py) picks one by `--model`.
 """
-import contextlib
-
 import keras
 
 
@@ -37,43 +35,10 @@ def mobilenet_v2(num_classes: int, image_size: int) -> keras.Model:
 MODELS = {"small_cnn": small_cnn, "mobilenet_v2": mobilenet_v2}
 
 
-def create_model(name: str, num_classes: int, image_size: int, *,
-                 mixed_precision: str = "none",
-                 sync_batchnorm: bool = False) -> keras.Model:
+def create_model(name: str, num_classes: int, image_size: int) -> keras.Model:
   """Builds a registered model; the caller has checked `name` is in MODELS.
 
-  Args:
-    name: a key of MODELS.
-    num_classes: logits per example.
-    image_size: square input side.
-    mixed_precision: "none" or a Keras dtype policy name
-      ("mixed_float16", "mixed_bfloat16"): float16/bfloat16 compute with
-      float32 variables.
-    sync_batchnorm: every BatchNormalization layer normalises with the
-      statistics of the global batch (an all-reduce per layer), so the result
-      does not depend on how the batch is split across replicas.
+  The engine applies the dtype policy (--mixed_precision) around this call
+  and synchronized BatchNorm (--sync_batchnorm) after it, for any model.
   """
-  with _dtype_policy(mixed_precision):
-    model = MODELS[name](num_classes, image_size)
-  for layer in model._flatten_layers():  # pylint: disable=protected-access
-    if isinstance(layer, keras.layers.BatchNormalization):
-      # Read at call time (BatchNormalization._moments), so setting it on
-      # the built layers of keras.applications models is enough.
-      layer.synchronized = sync_batchnorm
-  return model
-
-
-@contextlib.contextmanager
-def _dtype_policy(mixed_precision: str):
-  """The global Keras policy for the layers built inside; restored after.
-
-  keras.applications models take no dtype argument, so the global policy is
-  the only way in; restoring it keeps other models in the process float32.
-  """
-  before = keras.config.dtype_policy()
-  keras.config.set_dtype_policy(
-      "float32" if mixed_precision == "none" else mixed_precision)
-  try:
-    yield
-  finally:
-    keras.config.set_dtype_policy(before)
+  return MODELS[name](num_classes, image_size)

@@ -1,4 +1,9 @@
-"""Test set-up: four logical CPU devices, configured once before TensorFlow runs."""
+"""Test set-up: four logical CPU devices, configured once before TensorFlow runs.
+
+`tiny_config` is the built-in job (engine.main's image task) at test size;
+`run_job` trains it through the public API, as `python -m engine.main` does.
+"""
+import dataclasses
 import os
 import sys
 
@@ -16,20 +21,50 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 @pytest.fixture(scope="session", autouse=True)
 def logical_cpus():
   """Splits the host CPU once per test process, before any test runs an op."""
-  from engine import devices  # pylint: disable=g-import-not-at-top
-  devices.configure_host(NUM_CPUS)
+  engine.configure_host(NUM_CPUS)
   return NUM_CPUS
 
 
-def tiny_config(**overrides):
+@dataclasses.dataclass(frozen=True)
+class Job:
+  """The engine's Config and the image task's config of one built-in job.
+
+  Fields read by flag name from either (`job.model_dir`, `job.model`).
+  """
+  config: "engine.Config"
+  image: object  # ImageClassificationConfig
+
+  def __getattr__(self, name):
+    flat = self.config.flat()
+    if name in flat:
+      return flat[name]
+    return getattr(self.image, name)
+
+  def task(self):
+    from engine.tasks import image_classification  # pylint: disable=g-import-not-at-top
+    return image_classification.ImageClassification(
+        self.image, seed=self.config.loop.seed)
+
+
+def job(**fields) -> Job:
+  """A Job from flat flag names, split between the engine and the task."""
+  from engine.tasks import image_classification  # pylint: disable=g-import-not-at-top
+  return Job(*image_classification.configs(**fields))
+
+
+def tiny_config(**overrides) -> Job:
   """small_cnn on 32x32 synthetic images: the configuration tests start from."""
-  from engine.config import Config  # pylint: disable=g-import-not-at-top
   base = dict(model="small_cnn", dataset="synthetic", image_size=32,
               synthetic_examples=256, batch_size_per_replica=8, epochs=1,
               train_steps=6, steps_per_loop=3, log_every=3, seed=7,
               export=False)  # the export tests turn it on
   base.update(overrides)
-  return Config(**base)
+  return job(**base)
+
+
+def run_job(j: Job, hooks=()):
+  """Trains the built-in job through the public API; returns engine.Result."""
+  return engine.run(j.task(), j.config, hooks=hooks)
 
 
 def engine_cmd(*flags):
@@ -49,3 +84,20 @@ def read_scalars(run_dir):
         out.setdefault(v.tag, {})[event.step] = float(
             tf.make_ndarray(v.tensor))
   return out
+
+
+def train_batches(j: Job, global_batch: int, start_step: int = 0):
+  """(the built-in job's training batches from `start_step`, its TrainData)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from engine.core import inputs  # pylint: disable=g-import-not-at-top
+  data = inputs.TrainData(j.task(), tf.distribute.InputContext(),
+                          j.config.data, global_batch, j.config.loop.seed)
+  return data.batches(start_step), data
+
+
+def eval_batches(j: Job, global_batch: int):
+  """(the built-in job's evaluation batches, their example count)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from engine.core import inputs  # pylint: disable=g-import-not-at-top
+  return inputs.eval_inputs(j.task(), tf.distribute.InputContext(),
+                            global_batch)

@@ -9,20 +9,20 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import ROOT, engine_cmd, tiny_config
-from engine import checkpoint, train
+from conftest import ROOT, engine_cmd, run_job, tiny_config
+from engine.core import checkpoint
 from engine.errors import ConfigError
 
 
 def test_interrupted_and_resumed_equals_uninterrupted(tmp_path):
   kw = dict(cpu_devices=2, optimizer="adam", learning_rate=0.01,
             synthetic_examples=40, steps_per_loop=4)  # partial batches too
-  whole = train.train(tiny_config(train_steps=12,
+  whole = run_job(tiny_config(train_steps=12,
                                   model_dir=str(tmp_path / "whole"), **kw))
   part_dir = str(tmp_path / "parts")
-  first = train.train(tiny_config(train_steps=5, model_dir=part_dir, **kw))
+  first = run_job(tiny_config(train_steps=5, model_dir=part_dir, **kw))
   assert first.summary["global_step"] == 5
-  rest = train.train(tiny_config(train_steps=12, model_dir=part_dir, **kw))
+  rest = run_job(tiny_config(train_steps=12, model_dir=part_dir, **kw))
   assert rest.summary["start_step"] == 5 and rest.summary["global_step"] == 12
   np.testing.assert_allclose(rest.losses, whole.losses[5:], rtol=0, atol=1e-6)
   assert rest.summary["final_loss"] == pytest.approx(
@@ -32,32 +32,32 @@ def test_interrupted_and_resumed_equals_uninterrupted(tmp_path):
 
 
 def test_resume_with_other_replica_count_is_refused(tmp_path):
-  train.train(tiny_config(cpu_devices=2, train_steps=2,
+  run_job(tiny_config(cpu_devices=2, train_steps=2,
                           model_dir=str(tmp_path)))
   with pytest.raises(ConfigError, match="num_replicas=2, this run has 4"):
-    train.train(tiny_config(cpu_devices=4, batch_size_per_replica=4,
+    run_job(tiny_config(cpu_devices=4, batch_size_per_replica=4,
                             train_steps=4, model_dir=str(tmp_path)))
   with pytest.raises(ConfigError, match="global_batch_size=16, this run has"):
-    train.train(tiny_config(cpu_devices=2, batch_size_per_replica=4,
+    run_job(tiny_config(cpu_devices=2, batch_size_per_replica=4,
                             train_steps=4, model_dir=str(tmp_path)))
-  ok = train.train(tiny_config(cpu_devices=4, batch_size_per_replica=4,
+  ok = run_job(tiny_config(cpu_devices=4, batch_size_per_replica=4,
                                train_steps=4, allow_resume_change=True,
                                model_dir=str(tmp_path)))
   assert ok.summary["start_step"] == 2 and ok.summary["global_step"] == 4
 
 
 def test_foreign_or_unreadable_checkpoint_is_refused(tmp_path):
-  train.train(tiny_config(cpu_devices=2, train_steps=2,
+  run_job(tiny_config(cpu_devices=2, train_steps=2,
                           model_dir=str(tmp_path)))
   with pytest.raises(ConfigError, match="another run .*model='small_cnn'"):
-    train.train(tiny_config(cpu_devices=2, train_steps=2, model="mobilenet_v2",
+    run_job(tiny_config(cpu_devices=2, train_steps=2, model="mobilenet_v2",
                             model_dir=str(tmp_path)))
   ckpt_dir = tmp_path / "checkpoints"
   index = ckpt_dir / "ckpt-2.index"
   index.write_bytes(b"not a checkpoint")
   before = sorted((p.name, p.stat().st_mtime_ns) for p in ckpt_dir.iterdir())
   with pytest.raises(ConfigError, match="cannot be restored"):
-    train.train(tiny_config(cpu_devices=2, train_steps=4,
+    run_job(tiny_config(cpu_devices=2, train_steps=4,
                             model_dir=str(tmp_path)))
   after = sorted((p.name, p.stat().st_mtime_ns) for p in ckpt_dir.iterdir())
   assert before == after  # nothing overwritten

@@ -6,8 +6,7 @@ import sys
 
 import numpy as np
 
-from conftest import ROOT, tiny_config
-from engine import train
+from conftest import ROOT, run_job, tiny_config
 from test_multi_worker import ENV, launch, tiny_flags
 
 
@@ -23,7 +22,7 @@ def test_two_workers_accumulate_like_one_large_batch(tmp_path):
   assert summary["allreduce_packs"] >= 4  # --bytes_per_pack reached MWMS
   assert re.search(r"\[worker 0\] .*Each step all-reduces 58664 gradient "
                    r"bytes \(float32\) per replica in \d+ pack", out.stdout)
-  ref = train.train(tiny_config(
+  ref = run_job(tiny_config(
       strategy="one_device", optimizer="sgd", learning_rate=0.05,
       batch_size_per_replica=32, train_steps=3,
       model_dir=str(tmp_path / "ref")))
@@ -34,7 +33,7 @@ def test_two_workers_accumulate_like_one_large_batch(tmp_path):
 
 def test_bench_allreduce_prints_every_column():
   out = subprocess.run(
-      [sys.executable, "-m", "engine.bench_allreduce", "--min_bytes=4096",
+      [sys.executable, "-m", "benchmarks.allreduce", "--min_bytes=4096",
        "--max_bytes=16384", "--iters=2", "--ops=ring,reduce_to_one_device",
        "--worker_ops=ring"],
       cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=240,

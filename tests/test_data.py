@@ -8,10 +8,9 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-import data
-from conftest import ROOT, engine_cmd, tiny_config
+from conftest import (ROOT, engine_cmd, run_job, tiny_config,
+                      train_batches)
 from data import export, folder
-from engine import train
 from engine.errors import ConfigError
 
 CLASSES = ("cat", "dog", "fox")
@@ -51,7 +50,7 @@ def test_folder_listing_is_sorted_interleaved_and_splits_partition(pets):
 
 def test_folder_trains_end_to_end_and_learns(pets, tmp_path):
   # 36 training images, global batch 8: 5 steps per epoch, the last of 4.
-  result = train.train(folder_config(
+  result = run_job(folder_config(
       pets, tmp_path, train_steps=0, epochs=6, learning_rate=0.01,
       steps_per_loop=5, log_every=5))
   s = json.loads((tmp_path / "summary.json").read_text())
@@ -67,12 +66,12 @@ def test_batches_are_seeded_resumable_and_cover_each_epoch(pets, tmp_path):
   config = folder_config(pets, tmp_path, train_split="train[:36]")
   # Endless, and it says so: tf.distribute then adds no per-step "has every
   # worker data?" all-reduce (the synthetic set: test_training.py).
-  assert (data.build_train(config, 8)[0].cardinality() ==
+  assert (train_batches(config, 8)[0].cardinality() ==
           tf.data.INFINITE_CARDINALITY)
-  first = [y.numpy() for _, y in data.build_train(config, 8)[0].take(10)]
-  again = [y.numpy() for _, y in data.build_train(config, 8)[0].take(10)]
-  later = [y.numpy() for _, y in data.build_train(config, 8, 6)[0].take(4)]
-  other = [y.numpy() for _, y in data.build_train(
+  first = [y.numpy() for _, y in train_batches(config, 8)[0].take(10)]
+  again = [y.numpy() for _, y in train_batches(config, 8)[0].take(10)]
+  later = [y.numpy() for _, y in train_batches(config, 8, 6)[0].take(4)]
+  other = [y.numpy() for _, y in train_batches(
       folder_config(pets, tmp_path, seed=8), 8)[0].take(5)]
   assert [len(y) for y in first] == [8, 8, 8, 8, 4] * 2
   for a, b in zip(first, again):
@@ -86,9 +85,9 @@ def test_batches_are_seeded_resumable_and_cover_each_epoch(pets, tmp_path):
 
 def test_cache_in_memory_or_files_changes_nothing(pets, tmp_path):
   kw = dict(train_steps=7, epochs=1)  # 5 steps per epoch: 2 from the cache
-  plain = train.train(folder_config(pets, tmp_path / "plain", **kw))
+  plain = run_job(folder_config(pets, tmp_path / "plain", **kw))
   for cache in ("memory", str(tmp_path / "imgcache")):
-    cached = train.train(folder_config(pets, tmp_path / cache[-6:],
+    cached = run_job(folder_config(pets, tmp_path / cache[-6:],
                                        cache=cache, **kw))
     np.testing.assert_array_equal(plain.losses, cached.losses)
     assert plain.summary["eval_loss"] == cached.summary["eval_loss"]
@@ -102,7 +101,7 @@ def test_tfds_files_with_split_expressions(pets, tmp_path):
   sizes = export.write(pets, "pets_images", str(tmp_path / "tfds"),
                        num_shards=2, eval_fraction=0.25)
   assert sizes == {"train": 36, "test": 12}
-  result = train.train(folder_config(
+  result = run_job(folder_config(
       "pets_images", tmp_path / "run", data_dir=str(tmp_path / "tfds"),
       train_split="train[:32]", eval_split="test+train[32:]", train_steps=0,
       epochs=1))
@@ -111,14 +110,14 @@ def test_tfds_files_with_split_expressions(pets, tmp_path):
   assert s["eval_examples"] == 16
   with pytest.raises(ConfigError, match=r"^--eval_split=validation: is not a "
                      r"split of pets_images \(ValueError: Unknown split"):
-    train.train(folder_config("pets_images", tmp_path / "bad",
+    run_job(folder_config("pets_images", tmp_path / "bad",
                               data_dir=str(tmp_path / "tfds"),
                               eval_split="validation"))
 
 
 def test_tfds_through_mock_data_with_split_expressions(tmp_path):
   with tfds.testing.mock_data(num_examples=20):
-    result = train.train(tiny_config(
+    result = run_job(tiny_config(
         dataset="tf_flowers", train_split="train[:80%]",
         eval_split="train[80%:]", cpu_devices=2, batch_size_per_replica=4,
         train_steps=0, epochs=1, cache="memory", model_dir=str(tmp_path)))
@@ -167,9 +166,12 @@ def _bad_folder(tmp_path, case):
 def test_bad_folder_is_one_clear_error(tmp_path, case, message):
   root = _bad_folder(tmp_path, case)
   with pytest.raises(ConfigError) as e:
-    train.train(folder_config(f"folder:{root}", tmp_path / "run",
-                              train_split="train", eval_split=""))
-  assert str(e.value).startswith(f"--dataset=folder:{root}: ")
+    run_job(folder_config(f"folder:{root}", tmp_path / "run",
+                          train_split="train", eval_split=""))
+  # Too few examples is the engine's check, for any task: it names the batch.
+  flag = ("--batch_size_per_replica=4: task image_classification"
+          if case == "too_few" else f"--dataset=folder:{root}: ")
+  assert str(e.value).startswith(flag)
   assert message.format(root=root) in str(e.value)
   assert "\n" not in str(e.value)
 
@@ -184,7 +186,7 @@ def test_bad_folder_is_one_clear_error(tmp_path, case, message):
 def test_unknown_or_empty_split_is_refused(pets, tmp_path, flag, value,
                                            message):
   with pytest.raises(ConfigError) as e:
-    train.train(folder_config(pets, tmp_path, **{flag: value}))
+    run_job(folder_config(pets, tmp_path, **{flag: value}))
   assert str(e.value).startswith(f"--{flag}={value}: ")
   assert message in str(e.value)
 
@@ -207,7 +209,7 @@ def test_cli_corrupt_image_and_missing_folder_exit_2_in_one_line(tmp_path):
     assert len(errors) == 1 and errors[0].startswith(expected), errors
 
 
-def test_cache_and_dataset_flags_are_checked():
+def test_cache_and_dataset_flags_are_checked(tmp_path):
   with pytest.raises(ConfigError, match="^--cache=memory: the synthetic"):
     tiny_config(cache="memory")
   with pytest.raises(ConfigError, match="^--cache=/no/such/dir/c: directory"):
@@ -216,8 +218,9 @@ def test_cache_and_dataset_flags_are_checked():
     tiny_config(dataset="folder:")
   with pytest.raises(ConfigError, match="^--eval_every=-1: must be a non-neg"):
     tiny_config(eval_every=-1)
-  with pytest.raises(ConfigError, match="^--eval_every=5: needs --eval_split"):
-    tiny_config(eval_every=5)
+  with pytest.raises(ConfigError, match="^--eval_every=5: task image_classifi"
+                     "cation has no evaluation data"):
+    run_job(tiny_config(eval_every=5, model_dir=str(tmp_path)))
 
 
 def test_gif_is_decoded_as_rgb(tmp_path):

@@ -5,10 +5,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import data
 import models
-from conftest import read_scalars, tiny_config
-from engine import evaluate, train
+from conftest import eval_batches, read_scalars, run_job, tiny_config
+from engine.core import evaluate
 from engine.errors import ConfigError
 
 # 37 examples in batches of 8 or 9: the last eval batch is partial, and with
@@ -23,7 +22,7 @@ def keras_evaluate(config, weights, global_batch, num_classes=None):
   model.set_weights(weights)
   model.compile(loss=keras.losses.SparseCategoricalCrossentropy(
       from_logits=True), metrics=["accuracy"])
-  dataset, count = data.build_eval(config, global_batch)
+  dataset, count = eval_batches(config, global_batch)
   # Told the batch count, Keras does not warn when the pass ends.
   dataset = dataset.apply(tf.data.experimental.assert_cardinality(
       -(-count // global_batch)))
@@ -39,7 +38,7 @@ def test_eval_metrics_equal_keras_evaluate(tmp_path, strategy, replicas):
                        synthetic_examples=EXAMPLES, train_split="train[:30]",
                        eval_split="train", train_steps=4,
                        model_dir=str(tmp_path))
-  result = train.train(config)
+  result = run_job(config)
   s = result.summary
   assert s["eval_examples"] == EXAMPLES
   loss, accuracy, count = keras_evaluate(config, result.weights,
@@ -82,7 +81,7 @@ def test_eval_schedule(eval_every, expected):
 
 
 def test_eval_every_steps_in_a_real_run(tmp_path):
-  result = train.train(tiny_config(
+  result = run_job(tiny_config(
       cpu_devices=2, batch_size_per_replica=4, synthetic_examples=EXAMPLES,
       eval_split="train[80%:]", eval_every=4, train_steps=12,
       model_dir=str(tmp_path)))
@@ -97,11 +96,11 @@ def test_eval_every_steps_in_a_real_run(tmp_path):
 
 
 def test_no_eval_split_means_no_evaluation(tmp_path):
-  result = train.train(tiny_config(model_dir=str(tmp_path)))
+  result = run_job(tiny_config(model_dir=str(tmp_path)))
   assert result.summary["eval_loss"] is None
   assert result.summary["eval_accuracy"] is None
 
 
 def test_unknown_eval_split_is_refused_before_training(tmp_path):
   with pytest.raises(ConfigError, match=r"^--eval_split=test: is not a split"):
-    train.train(tiny_config(eval_split="test", model_dir=str(tmp_path)))
+    run_job(tiny_config(eval_split="test", model_dir=str(tmp_path)))

@@ -14,9 +14,9 @@ import time
 import pytest
 
 from conftest import ROOT, engine_cmd
-from engine import hang
+from engine.distribute import hang
 from engine.launch import free_ports
-from engine.resources import usage
+from engine.distribute.resources import usage
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
 ENV.pop("TF_CONFIG", None)

@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from conftest import ROOT, tiny_config
-from engine import memory, train
+from conftest import ROOT, run_job, tiny_config
+from engine.distribute import memory
 
 # Page faults while 200 eager multiplies each write a fresh 1 MiB tensor.
 _PROBE = r"""
@@ -20,7 +20,7 @@ import json, resource, sys
 sys.path.insert(0, sys.argv[1])
 import engine  # the engine's TF defaults
 import tensorflow as tf
-from engine import memory
+from engine.distribute import memory
 
 for _ in tf.data.Dataset.from_generator(
     lambda: iter([1]), output_signature=tf.TensorSpec([], tf.int32)):
@@ -59,10 +59,10 @@ def test_generator_kernel_maps_every_large_tensor_until_tuned():
 
 
 def test_training_reports_whether_malloc_was_tuned(tmp_path):
-  tuned = train.train(tiny_config(strategy="one_device", train_steps=2,
+  tuned = run_job(tiny_config(strategy="one_device", train_steps=2,
                                   model_dir=str(tmp_path / "on")))
   assert tuned.summary["malloc_tuned"] is (memory.glibc() is not None)
-  kept = train.train(tiny_config(strategy="one_device", train_steps=2,
+  kept = run_job(tiny_config(strategy="one_device", train_steps=2,
                                  malloc_tuning=False,
                                  model_dir=str(tmp_path / "off")))
   assert kept.summary["malloc_tuned"] is False

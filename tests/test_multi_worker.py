@@ -15,8 +15,8 @@ import time
 import numpy as np
 import pytest
 
-from conftest import ROOT, engine_cmd, tiny_config
-from engine import cluster, memory, train
+from conftest import ROOT, engine_cmd, run_job, tiny_config
+from engine.distribute import cluster, memory
 from engine.errors import ConfigError
 from engine.launch import free_ports
 
@@ -77,7 +77,7 @@ def test_two_workers_match_one_replica(tmp_path, optimizer, cross_device_ops):
   # rides in it): no per-step metrics reduce, no iterator data check.
   assert summary["collectives_per_step"] == 1
   assert summary["malloc_tuned"] is (memory.glibc() is not None)
-  ref = train.train(tiny_config(
+  ref = run_job(tiny_config(
       strategy="one_device", optimizer=optimizer, learning_rate=lr(optimizer),
       batch_size_per_replica=GLOBAL_BATCH, train_steps=STEPS,
       model_dir=str(tmp_path / "ref")))

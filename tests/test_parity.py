@@ -6,8 +6,7 @@ reduction would scale every update by the replica count.
 import numpy as np
 import pytest
 
-from conftest import tiny_config
-from engine import train
+from conftest import run_job, tiny_config
 
 GLOBAL_BATCH = 16
 STEPS = 4
@@ -21,7 +20,7 @@ def run(optimizer, replicas, cross_device_ops="auto", strategy="mirrored",
       learning_rate=0.05 if optimizer == "sgd" else 0.005,
       batch_size_per_replica=GLOBAL_BATCH // replicas, train_steps=STEPS,
       model_dir=kw.pop("model_dir"), **kw)
-  return train.train(config)
+  return run_job(config)
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +59,6 @@ def test_a_double_reduction_would_be_caught(reference, tmp_path):
   doubled = tiny_config(strategy="one_device", optimizer="sgd",
                         learning_rate=0.1, batch_size_per_replica=GLOBAL_BATCH,
                         train_steps=STEPS, model_dir=str(tmp_path / "2x"))
-  other = train.train(doubled)
+  other = run_job(doubled)
   diff = max(np.abs(a - b).max() for a, b in zip(other.weights, ref.weights))
   assert diff > 1e-4

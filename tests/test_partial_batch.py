@@ -12,11 +12,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import data
 import models
-from conftest import tiny_config
+from conftest import run_job, tiny_config, train_batches
 from data import export, tfds_data
-from engine import train
 from test_eval import keras_evaluate
 from test_multi_worker import launch, tiny_flags
 
@@ -34,7 +32,7 @@ def config_for(replicas, tmp_path, **kw):
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-  return train.train(config_for(0, tmp_path_factory.mktemp("one_device"),
+  return run_job(config_for(0, tmp_path_factory.mktemp("one_device"),
                                 eval_split="train"))
 
 
@@ -43,7 +41,7 @@ def plain_loop(config):
   keras.utils.set_random_seed(config.seed)
   model = models.create_model(config.model, config.num_classes,
                               config.image_size)
-  dataset, _ = data.build_train(config, GLOBAL_BATCH)
+  dataset, _ = train_batches(config, GLOBAL_BATCH)
   losses, counts = [], []
   for images, labels in dataset.take(STEPS):
     with tf.GradientTape() as tape:
@@ -74,7 +72,7 @@ def test_one_device_is_the_mean_over_real_examples(reference, tmp_path):
 @pytest.mark.parametrize("replicas", [1, 2, 4])
 def test_replicas_match_one_device_with_partial_batches(reference, tmp_path,
                                                         replicas):
-  result = train.train(config_for(replicas, tmp_path, eval_split="train"))
+  result = run_job(config_for(replicas, tmp_path, eval_split="train"))
   assert result.summary["num_replicas"] == replicas
   assert_same(result.losses, result.weights, reference)
   np.testing.assert_allclose(result.summary["eval_loss"],
@@ -123,10 +121,11 @@ def test_two_workers_file_sharded_eval_counts_every_example_once(tmp_path):
   config = tiny_config(dataset="pets_files", data_dir=str(tmp_path / "tfds"),
                        eval_split="test", model_dir=str(tmp_path / "k"))
   file_policy = tf.data.experimental.AutoShardPolicy.FILE
-  assert tfds_data.source(config, "test", "eval_split", False, 2)[3] == \
-      file_policy
-  assert tfds_data.source(config, "test", "eval_split", False, 4)[3] != \
-      file_policy  # more workers than files: DATA
+  def policy(workers):
+    return tfds_data.source(config.image, "test", "eval_split", seed=7,
+                            training=False, num_workers=workers)[3]
+  assert policy(2) == file_policy
+  assert policy(4) != file_policy  # more workers than files: DATA
   out = launch(tiny_flags(
       train_steps=4, batch_size_per_replica=4, model_dir=str(tmp_path / "mw"),
       weights_out="weights.npz") + [
@@ -152,7 +151,7 @@ def test_compressed_gradients_are_the_mean_over_real_examples(
   """With compression the example count has an all-reduce of its own, issued
   before the forward pass; the batch of 5 on 4 replicas (2, 1, 1, 1) must
   still be divided by 5, not by the nominal 8."""
-  result = train.train(config_for(4, tmp_path, grad_compression=compression))
+  result = run_job(config_for(4, tmp_path, grad_compression=compression))
   # Measured against float32: losses within 9e-6 (fp16) and 7e-5 (bf16),
   # weights within 1e-4 and 2e-4. Dividing by the nominal 8 instead gives
   # 3.0e-3 and 4.1e-3: both bounds below fail it.

@@ -17,8 +17,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import tiny_config
-from engine import checkpoint, devices, hooks, launch as launcher, step, train
+from conftest import run_job, tiny_config
+from engine.core import checkpoint, hooks, step
+from engine.distribute import devices
+from engine import launch as launcher
 from test_multi_worker import (_kill, _launched_pid, _start, _wait_for, launch,
                                lr, tiny_flags)
 
@@ -59,9 +61,9 @@ def test_signal_on_mirrored_saves_at_the_boundary_reached(tmp_path, signum,
   # at that same boundary, on both replicas.
   with pytest.raises(checkpoint.Preempted,
                      match=f"{signal.Signals(signum).name} at step 4; "):
-    train.train(tiny_config(cpu_devices=2, train_steps=30,
+    run_job(tiny_config(cpu_devices=2, train_steps=30,
                             preemption_sync=sync, model_dir=str(tmp_path)),
-                extra_hooks=[_SignalAt(4, signum)])
+                hooks=[_SignalAt(4, signum)])
   latest = tf.train.latest_checkpoint(str(tmp_path / "checkpoints"))
   assert latest.endswith("ckpt-4")
   assert signal.getsignal(signum) is before  # handlers given back

@@ -10,22 +10,34 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import ROOT, engine_cmd, read_scalars, tiny_config
-from engine import export, summaries, train
+from conftest import (ROOT, engine_cmd, read_scalars, run_job,
+                      tiny_config)
+from engine.core.hooks import Rows
 from engine.errors import ConfigError
+from engine.report import export, summaries
+
+NAMES = ("loss", "examples", "grad_norm", "accuracy")
 
 
 def test_train_events_hold_every_tag_at_every_summary_step(tmp_path):
-  result = train.train(tiny_config(cpu_devices=2, train_steps=8,
+  result = run_job(tiny_config(cpu_devices=2, train_steps=8,
                                    summary_every=2, learning_rate=0.003,
                                    model_dir=str(tmp_path)))
   scalars = read_scalars(tmp_path / "train")
-  assert sorted(scalars) == sorted(summaries.TRAIN_TAGS)
-  for tag in summaries.TRAIN_TAGS:
+  # The loss and the task's metrics (10 classes: top-5 accuracy too), then
+  # the rates.
+  assert list(summaries.train_tags(result.history)) == [
+      "loss", "accuracy", "top5_accuracy", "learning_rate",
+      "examples_per_sec", "steps_per_sec", "grad_norm"]
+  assert sorted(scalars) == sorted(summaries.train_tags(result.history))
+  for tag in summaries.train_tags(result.history):
     assert sorted(scalars[tag]) == [2, 4, 6, 8], tag
   for s in (2, 4, 6, 8):  # the same numbers the loop returned
     assert scalars["loss"][s] == pytest.approx(result.losses[s - 1], rel=1e-6)
-    assert scalars["accuracy"][s] == pytest.approx(result.accuracies[s - 1])
+    assert scalars["accuracy"][s] == pytest.approx(
+        result.history["accuracy"][s - 1])
+    assert scalars["top5_accuracy"][s] == pytest.approx(
+        result.history["top5_accuracy"][s - 1])
     assert scalars["learning_rate"][s] == pytest.approx(0.003)
     assert scalars["examples_per_sec"][s] > 0
     assert scalars["steps_per_sec"][s] > 0
@@ -36,10 +48,10 @@ def test_train_events_hold_every_tag_at_every_summary_step(tmp_path):
 
 
 def test_a_run_with_evaluation_writes_the_eval_run(tmp_path):
-  result = train.train(tiny_config(train_steps=6, eval_split="train[:32]",
+  result = run_job(tiny_config(train_steps=6, eval_split="train[:32]",
                                    eval_every=3, model_dir=str(tmp_path)))
   scalars = read_scalars(tmp_path / "eval")
-  assert sorted(scalars) == ["accuracy", "examples", "loss"]
+  assert sorted(scalars) == ["accuracy", "examples", "loss", "top5_accuracy"]
   assert sorted(scalars["loss"]) == [3, 6]
   assert scalars["examples"][6] == 32
   assert scalars["loss"][6] == pytest.approx(result.summary["eval_loss"],
@@ -49,7 +61,7 @@ def test_a_run_with_evaluation_writes_the_eval_run(tmp_path):
 
 
 def test_write_eval_writes_the_eval_run(tmp_path):
-  hook = summaries.SummaryHook(str(tmp_path), enabled=True, every=0,
+  hook = summaries.SummaryHook(str(tmp_path), NAMES, enabled=True, every=0,
                                learning_rate=lambda: 0.1)
   hook.write_eval(10, {"eval_loss": 0.5, "eval_accuracy": 0.75})
   hook.write_eval(20, {"eval_loss": 0.25, "eval_accuracy": 0.875})
@@ -60,16 +72,16 @@ def test_write_eval_writes_the_eval_run(tmp_path):
 
 
 def test_non_chief_writes_no_event_files(tmp_path):
-  hook = summaries.SummaryHook(str(tmp_path), enabled=False, every=1,
+  hook = summaries.SummaryHook(str(tmp_path), NAMES, enabled=False, every=1,
                                learning_rate=lambda: 0.1)
-  hook.after_loop(1, np.ones((1, 4), np.float32), 0.5)
+  hook.after_loop(1, Rows(NAMES, np.ones((1, 4), np.float32)), 0.5)
   hook.write_eval(1, {"eval_loss": 0.5})
   hook.end({})
   assert os.listdir(tmp_path) == []
 
 
 def test_profile_steps_leave_a_trace(tmp_path):
-  train.train(tiny_config(train_steps=6, profile_steps=(3, 4),
+  run_job(tiny_config(train_steps=6, profile_steps=(3, 4),
                           model_dir=str(tmp_path)))
   runs = os.listdir(tmp_path / "plugins" / "profile")
   assert len(runs) == 1
@@ -82,7 +94,7 @@ def test_profile_steps_leave_a_trace(tmp_path):
 def test_profiled_and_unprofiled_workers_end_host_calls_alike(tmp_path):
   # Only the chief traces, but every worker must cut its host calls at the
   # same steps: each call ends in a collective that all workers join.
-  from engine import profiler  # pylint: disable=g-import-not-at-top
+  from engine.report import profiler  # pylint: disable=g-import-not-at-top
   for start_step in (0, 1, 5):
     chief, other = (profiler.ProfileHook(str(tmp_path), (3, 5), start_step,
                                          enabled=e) for e in (True, False))
@@ -146,7 +158,7 @@ IMAGES = np.random.default_rng(0).uniform(size=(5, 32, 32, 3)).astype(
 
 def test_trained_model_export_round_trip(tmp_path):
   """small_cnn, exported at the end of a 2-replica run."""
-  result = train.train(tiny_config(cpu_devices=2, train_steps=2, export=True,
+  result = run_job(tiny_config(cpu_devices=2, train_steps=2, export=True,
                                    model_dir=str(tmp_path / "m")))
   want = result.model(IMAGES, training=False).numpy()
   assert want.shape == (5, 10)
@@ -161,23 +173,26 @@ def test_mobilenet_v2_export_round_trip(tmp_path):
   moving statistics too) is set to random values instead, so a format that
   dropped or reordered any of them would predict differently.
   """
-  import models  # pylint: disable=g-import-not-at-top
+  from engine.tasks import image_classification as ic  # pylint: disable=g-import-not-at-top
   strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+  task = ic.ImageClassification(ic.ImageClassificationConfig(
+      model="mobilenet_v2", image_size=32))
   with strategy.scope():
-    model = models.create_model("mobilenet_v2", 10, 32)
+    model = task.build_model()
   rng = np.random.default_rng(1)
   for v in model.variables:
     value = rng.uniform(0.5, 1.5, v.shape) if "variance" in v.path else (
         rng.normal(0.0, 0.1, v.shape))
     v.assign(value.astype(np.float32))
-  export.export(model, str(tmp_path / "export"), 32)
+  export.export(model, str(tmp_path / "export"), task,
+                tf.TensorSpec([None, 32, 32, 3], tf.float32))
   want = model(IMAGES, training=False).numpy()
   assert_same_predictions(load_elsewhere(tmp_path / "export", IMAGES,
                                          tmp_path), want)
 
 
 def test_export_dir_flag_is_used(tmp_path):
-  train.train(tiny_config(train_steps=1, model_dir=str(tmp_path / "m"),
+  run_job(tiny_config(train_steps=1, model_dir=str(tmp_path / "m"),
                           export=True, export_dir=str(tmp_path / "e")))
   assert sorted(os.listdir(tmp_path / "e")) == [export.KERAS_FILE,
                                                 export.SAVED_MODEL_DIR]

@@ -6,8 +6,9 @@ import threading
 import numpy as np
 import pytest
 
-from conftest import tiny_config
-from engine import checkpoint, resources, train
+from conftest import run_job, tiny_config
+from engine.core import checkpoint
+from engine.distribute import resources
 from benchmarks.soak import judge
 
 
@@ -47,7 +48,7 @@ def test_hook_asks_once_to_stop_at_ninety_percent():
 
 
 def test_summary_records_first_max_and_last(tmp_path):
-  result = train.train(tiny_config(cpu_devices=2, model_dir=str(tmp_path)))
+  result = run_job(tiny_config(cpu_devices=2, model_dir=str(tmp_path)))
   threads = result.summary["host_threads"]
   assert threads["first_call"] <= threads["max"]
   assert threads["last_call"] <= threads["max"]
@@ -65,11 +66,11 @@ def test_a_resource_near_its_limit_stops_with_a_checkpoint(tmp_path,
                      match=r"^host resource nearly exhausted at step 1: "
                      r"threads \d+ of a limit of 1 \(stopping at 90%\); "
                      r"checkpoint saved at step 1\. Rerun"):
-    train.train(tiny_config(cpu_devices=2, model_dir=str(tmp_path)))
+    run_job(tiny_config(cpu_devices=2, model_dir=str(tmp_path)))
   assert (tmp_path / "checkpoints" / "ckpt-1.index").exists()
   # The rerun resumes there and finishes.
   monkeypatch.undo()
-  result = train.train(tiny_config(cpu_devices=2, model_dir=str(tmp_path)))
+  result = run_job(tiny_config(cpu_devices=2, model_dir=str(tmp_path)))
   assert result.summary["start_step"] == 1
   assert result.summary["global_step"] == 6
   assert np.all(np.isfinite(result.losses))

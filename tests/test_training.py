@@ -4,18 +4,16 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-import data
-from conftest import tiny_config
-from engine import train
+from conftest import run_job, tiny_config, train_batches
 from engine.errors import ConfigError
 
 
 def test_loss_falls_and_accuracy_rises(tmp_path):
-  result = train.train(tiny_config(
+  result = run_job(tiny_config(
       cpu_devices=2, synthetic_examples=512, batch_size_per_replica=16,
       train_steps=120, steps_per_loop=20, log_every=20, learning_rate=0.005,
       model_dir=str(tmp_path)))
-  losses, acc = result.losses, result.accuracies
+  losses, acc = result.losses, result.history["accuracy"]
   assert len(losses) == 120 and result.summary["global_step"] == 120
   assert losses[-10:].mean() < 0.6 * losses[:10].mean()
   assert acc[-10:].mean() > acc[:10].mean() + 0.3
@@ -27,9 +25,9 @@ def test_loss_falls_and_accuracy_rises(tmp_path):
 def test_steps_per_loop_changes_nothing_and_never_retraces(tmp_path,
                                                           steps_per_loop):
   kw = dict(cpu_devices=2, train_steps=10, log_every=5)
-  one = train.train(tiny_config(steps_per_loop=1, model_dir=str(tmp_path / "a"),
+  one = run_job(tiny_config(steps_per_loop=1, model_dir=str(tmp_path / "a"),
                                 **kw))
-  many = train.train(tiny_config(steps_per_loop=steps_per_loop,
+  many = run_job(tiny_config(steps_per_loop=steps_per_loop,
                                  model_dir=str(tmp_path / "b"), **kw))
   np.testing.assert_array_equal(one.losses, many.losses)
   for a, b in zip(one.weights, many.weights):
@@ -40,26 +38,26 @@ def test_steps_per_loop_changes_nothing_and_never_retraces(tmp_path,
 
 def test_epochs_set_the_step_count_with_a_partial_last_batch(tmp_path):
   # 37 examples, global batch 16: 3 batches per epoch (16, 16, 5).
-  result = train.train(tiny_config(
+  result = run_job(tiny_config(
       cpu_devices=2, synthetic_examples=37, train_steps=0, epochs=2,
       model_dir=str(tmp_path)))
   assert result.summary["global_step"] == 6
-  dropped = train.train(tiny_config(
+  dropped = run_job(tiny_config(
       cpu_devices=2, synthetic_examples=37, train_steps=0, epochs=2,
       drop_remainder=True, model_dir=str(tmp_path / "dropped")))
   assert dropped.summary["global_step"] == 4
 
 
 def _batches(config, global_batch, n, start_step=0):
-  ds, info = data.build_train(config, global_batch, start_step)
+  ds, info = train_batches(config, global_batch, start_step)
   return [(x.numpy(), y.numpy()) for x, y in ds.take(n)], info
 
 
 def test_synthetic_data_are_seeded_and_resumable(tmp_path):
   config = tiny_config(synthetic_examples=37, model_dir=str(tmp_path))
   first, info = _batches(config, 16, 7)
-  # Endless, and it says so (see data._endless).
-  assert (data.build_train(config, 16)[0].cardinality() ==
+  # Endless, and it says so (see engine/core/inputs.py's _endless).
+  assert (train_batches(config, 16)[0].cardinality() ==
           tf.data.INFINITE_CARDINALITY)
   again, _ = _batches(config, 16, 7)
   later, _ = _batches(config, 16, 4, start_step=3)
@@ -83,7 +81,7 @@ def test_synthetic_data_are_seeded_and_resumable(tmp_path):
 
 def test_tfds_data_set_through_mock_data(tmp_path):
   with tfds.testing.mock_data(num_examples=40):
-    result = train.train(tiny_config(
+    result = run_job(tiny_config(
         dataset="tf_flowers", train_split="train[:80%]", cpu_devices=2,
         batch_size_per_replica=4, train_steps=0, epochs=2,
         model_dir=str(tmp_path)))
@@ -95,7 +93,9 @@ def test_tfds_data_set_through_mock_data(tmp_path):
 
 
 def test_too_few_examples_for_one_batch(tmp_path):
-  with pytest.raises(ConfigError, match="--dataset=synthetic: has 10"):
-    train.train(tiny_config(synthetic_examples=10, batch_size_per_replica=16,
+  with pytest.raises(ConfigError, match=(
+      r"--batch_size_per_replica=16: task image_classification has 10 "
+      r"training examples, fewer than one global batch \(16\)")):
+    run_job(tiny_config(synthetic_examples=10, batch_size_per_replica=16,
                             model_dir=str(tmp_path)))
 

@@ -7,15 +7,22 @@ Workers other than the chief get no-op writers (as Orbit does) instead of
 `if chief` branches, so every worker runs the same code.
 """
 import os
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
 
-from engine import hooks
+from engine.core import hooks
 
-TRAIN_TAGS = ("loss", "accuracy", "learning_rate", "examples_per_sec",
-              "steps_per_sec", "grad_norm")
+# Written with the loss and the task's metrics, from each host call.
+RATE_TAGS = ("learning_rate", "examples_per_sec", "steps_per_sec",
+             "grad_norm")
+
+
+def train_tags(names: Sequence[str]):
+  """The train run's tags: the loss and metrics of a step's row, then rates."""
+  return tuple(n for n in names if n not in ("examples", "grad_norm")) + (
+      RATE_TAGS)
 
 
 def make_writer(logdir: str, enabled: bool):
@@ -26,25 +33,27 @@ def make_writer(logdir: str, enabled: bool):
 
 
 class SummaryHook(hooks.Hook):
-  """Writes TRAIN_TAGS every `every` steps; `write_eval` writes eval metrics.
+  """Writes `train_tags` every `every` steps; `write_eval` writes eval metrics.
 
   The rates of a step are those of the host call that ran it: examples of
   that call divided by its wall time. The call that traced the loop (the
   first) shows as a low rate at its step.
   """
 
-  def __init__(self, model_dir: str, *, enabled: bool, every: int,
-               learning_rate: Callable[[], float]):
+  def __init__(self, model_dir: str, names: Sequence[str], *, enabled: bool,
+               every: int, learning_rate: Callable[[], float]):
     """Opens model_dir/train now and model_dir/eval at the first evaluation.
 
     Args:
       model_dir: event files go to model_dir/train and model_dir/eval.
+      names: the columns of a step's row (engine/core/step.py).
       enabled: False on non-chief workers (no-op writers, no files).
       every: write at every step that is a multiple of this (0: never).
       learning_rate: returns the optimizer's current learning rate.
     """
     self._every = every
     self._learning_rate = learning_rate
+    self._tags = train_tags(names)
     on = enabled and every > 0
     self._train = make_writer(os.path.join(model_dir, "train"), on)
     self._write = self._write_fn()
@@ -62,12 +71,12 @@ class SummaryHook(hooks.Hook):
     if not wanted:
       return
     n = len(wanted)
+    rates = {"learning_rate": self._learning_rate(),
+             "examples_per_sec": float(rows["examples"].sum()) / seconds,
+             "steps_per_sec": len(rows) / seconds}
     values = np.stack([
-        rows[wanted, 0], rows[wanted, 1],
-        np.full(n, self._learning_rate()),
-        np.full(n, float(rows[:, 2].sum()) / seconds),
-        np.full(n, len(rows) / seconds),
-        rows[wanted, 3]], axis=1).astype(np.float32)
+        rows[tag][wanted] if tag in rows.names else np.full(n, rates[tag])
+        for tag in self._tags], axis=1).astype(np.float32)
     for k, row in zip(wanted, values):
       self._write(row, np.int64(first + k))
 
@@ -80,11 +89,11 @@ class SummaryHook(hooks.Hook):
     `tf.range` over steps here: its while loop would prefix every tag.)
     """
     @tf.function(input_signature=[
-        tf.TensorSpec([len(TRAIN_TAGS)], tf.float32),
+        tf.TensorSpec([len(self._tags)], tf.float32),
         tf.TensorSpec([], tf.int64)])
     def write(values, step):
       with self._train.as_default():
-        for k, tag in enumerate(TRAIN_TAGS):
+        for k, tag in enumerate(self._tags):
           tf.summary.scalar(tag, values[k], step=step)
     return write
 

@@ -1,21 +1,23 @@
 """What users see, wired in one place: progress, TensorBoard, profiler, export.
 
-`train.py` calls `make_hooks` once and `finish` at the end; the pieces live in
-progress.py, summaries.py, profiler.py and export.py.
+engine/core/run.py calls `make_hooks` once and `finish` at the end; the
+pieces live in progress.py, summaries.py, profiler.py and export.py.
 """
 import os
-from typing import List
+from typing import List, Sequence
 
 from absl import logging
 import numpy as np
 
-from engine import export, hooks, profiler, progress, summaries
-from engine.config import Config
+from engine.config import ReportingConfig
+from engine.core import hooks
+from engine.report import export, profiler, progress, summaries
 
 
-def make_hooks(config: Config, *, chief: bool, output_dir: str, optimizer,
-               start_step: int, total_steps: int,
-               steps_per_epoch: int) -> List[hooks.Hook]:
+def make_hooks(config: ReportingConfig, *, chief: bool, output_dir: str,
+               optimizer, start_step: int, total_steps: int,
+               steps_per_epoch: int,
+               names: Sequence[str]) -> List[hooks.Hook]:
   """The progress, summary and (with --profile_steps) profiler hooks.
 
   On workers other than the chief, logging is lowered to warnings and errors
@@ -28,7 +30,7 @@ def make_hooks(config: Config, *, chief: bool, output_dir: str, optimizer,
                          log_every=config.log_every, total_steps=total_steps,
                          steps_per_epoch=steps_per_epoch),
       summaries.SummaryHook(
-          output_dir, enabled=chief, every=config.summary_every,
+          output_dir, names, enabled=chief, every=config.summary_every,
           learning_rate=lambda: float(np.asarray(optimizer.learning_rate))),
   ]
   if config.profile_steps:
@@ -50,15 +52,16 @@ def close(hook_list) -> None:
       h.close()
 
 
-def export_dir(config: Config, chief: bool, output_dir: str) -> str:
+def export_dir(config: ReportingConfig, chief: bool, output_dir: str) -> str:
   """--export_dir on the chief (default model_dir/export); a private one elsewhere."""
   if chief and config.export_dir:
     return config.export_dir
   return os.path.join(output_dir, "export")
 
 
-def finish(config: Config, model, *, chief: bool, output_dir: str) -> None:
+def finish(config: ReportingConfig, task, model, features_spec, *,
+           chief: bool, output_dir: str) -> None:
   """Exports the trained model (every worker, so saving stays collective-safe)."""
   if config.export:
-    export.export(model, export_dir(config, chief, output_dir),
-                  config.image_size)
+    export.export(model, export_dir(config, chief, output_dir), task,
+                  features_spec)

@@ -12,7 +12,7 @@ from typing import Tuple
 from absl import logging
 import tensorflow as tf
 
-from engine import hooks
+from engine.core import hooks
 
 
 class ProfileHook(hooks.Hook):

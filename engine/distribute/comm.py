@@ -1,6 +1,6 @@
 """What one gradient all-reduce moves, logged at the start and in summary.json.
 
-The step itself is in engine/step.py; this module only describes it: bytes on
+The step itself is in engine/core/step.py; this module only describes it: bytes on
 the wire per all-reduce (after `--grad_compression`), the number of packs
 `--bytes_per_pack` gives, and at the end the loss scale and skipped steps of
 float16 loss scaling.
@@ -13,13 +13,13 @@ import tensorflow as tf
 # pack count equal to the number of collectives TF actually launches.
 from tensorflow.python.distribute import cross_device_utils
 
-from engine import hooks
-from engine.config import Config
-from engine.optimizers import uses_loss_scaling
-from engine.step import WIRE_DTYPES
+from engine.config import DistributionConfig, OptimizationConfig
+from engine.core import hooks
+from engine.core.optimizers import uses_loss_scaling
+from engine.core.step import WIRE_DTYPES
 
 
-def gradient_bytes(variables, config: Config):
+def gradient_bytes(variables, config: DistributionConfig):
   """(bytes, packs): gradient bytes one replica puts into one all-reduce.
 
   The example count (4 bytes) is not included; packs count the collective
@@ -63,14 +63,17 @@ def collectives_per_step(concrete_function, local_replicas: int) -> float:
 
 
 class CommHook(hooks.Hook):
-  """Logs the all-reduce size once; adds the issue-6 keys to the summary."""
+  """Logs the all-reduce size once; adds the communication keys to the summary."""
 
-  def __init__(self, config: Config, optimizer, variables, replicas: int):
-    self._config = config
+  def __init__(self, distribution: DistributionConfig,
+               optimization: OptimizationConfig, batch_size_per_replica: int,
+               optimizer, variables, replicas: int):
+    self._dist = distribution
+    self._opt = optimization
     self._optimizer = optimizer
-    self._bytes, self._packs = gradient_bytes(variables, config)
+    self._bytes, self._packs = gradient_bytes(variables, distribution)
     self._steps_run = 0
-    dtype = WIRE_DTYPES[config.grad_compression] or tf.float32
+    dtype = WIRE_DTYPES[distribution.grad_compression] or tf.float32
     # A ring all-reduce sends 2(n-1)/n of the buffer from every replica.
     sent = 2 * (replicas - 1) / replicas * self._bytes
     logging.info(
@@ -78,26 +81,26 @@ class CommHook(hooks.Hook):
         "pack(s) (--bytes_per_pack=%d); a ring sends %.0f bytes per replica. "
         "%d micro-batch(es) of %d per replica per update; mixed precision "
         "%s; XLA %s; sync BatchNorm %s.", self._bytes, dtype.name,
-        self._packs, config.bytes_per_pack, sent, config.grad_accum_steps,
-        config.batch_size_per_replica, config.mixed_precision,
-        "on" if config.jit_compile else "off",
-        "on" if config.sync_batchnorm else "off")
+        self._packs, distribution.bytes_per_pack, sent,
+        optimization.grad_accum_steps, batch_size_per_replica,
+        optimization.mixed_precision,
+        "on" if optimization.jit_compile else "off",
+        "on" if distribution.sync_batchnorm else "off")
 
   def after_loop(self, step, rows, seconds):
     self._steps_run += len(rows)
 
   def end(self, summary):
-    c = self._config
     summary.update({
-        "grad_accum_steps": c.grad_accum_steps,
-        "grad_compression": c.grad_compression,
+        "grad_accum_steps": self._opt.grad_accum_steps,
+        "grad_compression": self._dist.grad_compression,
         "allreduce_bytes": self._bytes,
         "allreduce_packs": self._packs,
-        "mixed_precision": c.mixed_precision,
-        "jit_compile": c.jit_compile,
-        "sync_batchnorm": c.sync_batchnorm,
+        "mixed_precision": self._opt.mixed_precision,
+        "jit_compile": self._opt.jit_compile,
+        "sync_batchnorm": self._dist.sync_batchnorm,
     })
-    if uses_loss_scaling(c):
+    if uses_loss_scaling(self._opt):
       summary["loss_scale"] = float(self._optimizer.dynamic_scale.numpy())
       # Host steps whose update was skipped because a gradient overflowed.
       summary["skipped_steps"] = self._steps_run - (

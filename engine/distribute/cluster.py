@@ -22,8 +22,8 @@ from typing import Dict, List, Optional
 from absl import logging
 import tensorflow as tf
 
-from engine import devices, watchdog
-from engine.config import Config
+from engine.distribute import devices, watchdog
+from engine.config import DistributionConfig
 from engine.errors import ConfigError, flag_error
 
 # A running peer whose port refuses this many probes in a row is lost; probes
@@ -38,7 +38,7 @@ _RESPOND_SECONDS = 2.0
 _watchdog: Optional["Watchdog"] = None
 
 
-def make_multi_worker_strategy(config: Config) -> tf.distribute.Strategy:
+def make_multi_worker_strategy(config: DistributionConfig) -> tf.distribute.Strategy:
   """Builds MultiWorkerMirroredStrategy for the cluster the config describes.
 
   Raises:
@@ -84,7 +84,7 @@ def peer_messages():
 
 
 def stuck_peers_line() -> Optional[str]:
-  """Names the peers whose gRPC server no longer answers, for engine/hang.py.
+  """Names the peers whose gRPC server no longer answers, for engine/distribute/hang.py.
 
   Called once a host call has outlived its bound: a peer that is stopped
   (SIGSTOP), swapped out or frozen still has its port accepting connections,
@@ -100,7 +100,7 @@ def stuck_peers_line() -> Optional[str]:
           f"{_RESPOND_SECONDS:g} s); stopping this worker too.")
 
 
-def cluster_resolver(config: Config, environ):
+def cluster_resolver(config: DistributionConfig, environ):
   """The one cluster source that is set; see the module docstring.
 
   Raises:
@@ -204,7 +204,7 @@ def check_own_address(address: str) -> None:
 
 
 class Watchdog:
-  """Handle on the watchdog process (engine/watchdog.py, which explains why).
+  """Handle on the watchdog process (engine/distribute/watchdog.py, which explains why).
 
   Before `joined()`: if `init_timeout` passes, it names the peers whose ports
   never accepted a TCP connection. After: it probes every peer's port and names
@@ -220,7 +220,7 @@ class Watchdog:
                   json.dumps({f"{t}:{i}": a for (t, i), a in
                               self.peers.items()})]
     self._proc = None
-    self.messages = None  # its stdout: `lost ...` lines for engine/hang.py
+    self.messages = None  # its stdout: `lost ...` lines for engine/distribute/hang.py
 
   def start(self):
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)),

@@ -12,7 +12,7 @@ import tensorflow as tf
 from tensorflow.python.distribute import cross_device_ops as cross_device_ops_lib
 from tensorflow.python.distribute import cross_device_utils
 
-from engine.config import Config
+from engine.config import DistributionConfig
 from engine.errors import ConfigError, flag_error
 
 _Impl = tf.distribute.experimental.CommunicationImplementation
@@ -44,7 +44,7 @@ def configure_host(cpu_devices: int) -> None:
                        ) from e
 
 
-def replica_devices(config: Config) -> tuple:
+def replica_devices(config: DistributionConfig) -> tuple:
   """The local devices that hold one replica each, validated.
 
   Raises:
@@ -67,14 +67,14 @@ def replica_devices(config: Config) -> tuple:
   return tuple(gpus) if gpus else (cpus[0],)
 
 
-def make_strategy(config: Config) -> tf.distribute.Strategy:
+def make_strategy(config: DistributionConfig) -> tf.distribute.Strategy:
   """Builds the strategy the config names, refusing choices that cannot run.
 
   Raises:
     ConfigError: for NCCL without GPUs, a missing device, or a bad cluster.
   """
   if config.strategy == "multi_worker":
-    from engine import cluster  # pylint: disable=g-import-not-at-top
+    from engine.distribute import cluster  # pylint: disable=g-import-not-at-top
     return cluster.make_multi_worker_strategy(config)
   devices = replica_devices(config)
   check_nccl(config.cross_device_ops, devices)
@@ -100,12 +100,12 @@ def check_nccl(choice: str, devices: Sequence[str]) -> None:
         "use --cross_device_ops=ring or auto.")
 
 
-def communication_options(config: Config):
+def communication_options(config: DistributionConfig):
   """Options passed to every explicit all-reduce (packing, algorithm).
 
   No `timeout_seconds`, here or anywhere: TensorFlow keeps one sleeping
   thread per collective op for the whole timeout (tensorflow#62466), which
-  made long runs die of thread exhaustion. engine/hang.py bounds the host
+  made long runs die of thread exhaustion. engine/distribute/hang.py bounds the host
   calls instead, with one thread per process.
   """
   impl = {"nccl": _Impl.NCCL, "ring": _Impl.RING}.get(
@@ -114,7 +114,7 @@ def communication_options(config: Config):
       bytes_per_pack=config.bytes_per_pack, implementation=impl)
 
 
-def _mirrored_cross_device_ops(config: Config, devices, key_start: int):
+def _mirrored_cross_device_ops(config: DistributionConfig, devices, key_start: int):
   choice = config.cross_device_ops
   num_packs = 1
   if choice == "auto":

@@ -23,7 +23,7 @@ from typing import Callable, Dict, Optional
 
 from absl import logging
 
-from engine.hooks import Hook
+from engine.core.hooks import Hook
 
 RESOURCE_EXIT_CODE = 5
 _HEADROOM = 0.9

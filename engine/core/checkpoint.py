@@ -16,14 +16,12 @@ import os
 from absl import logging
 import tensorflow as tf
 
-from engine.config import Config
+from engine.core.hooks import Hook, every
 from engine.errors import ConfigError, flag_error
-from engine.hooks import Hook, every
 
 # Exit status after a SIGTERM/SIGINT that saved a checkpoint: EX_TEMPFAIL,
 # "try again", so schedulers and engine.launch know the run can resume.
 PREEMPTED_EXIT_CODE = 75
-_IDENTITY_KEYS = ("model", "dataset", "image_size", "num_classes")
 _SHAPE_KEYS = ("num_replicas", "global_batch_size")
 
 
@@ -33,27 +31,36 @@ class Preempted(Exception):
 
 class ResourceStop(Exception):
   """Raised after the checkpoint of a stop for a host resource (threads,
-  memory, open files; engine/resources.py); `main` exits with code 5."""
+  memory, open files; engine/distribute/resources.py); the CLI exits with 5."""
 
 
-def run_identity(config: Config, num_classes: int, replicas: int,
-                 global_batch: int) -> dict:
-  return {"model": config.model, "dataset": config.dataset,
-          "image_size": config.image_size, "num_classes": num_classes,
-          "num_replicas": replicas, "global_batch_size": global_batch}
+def run_identity(described: dict, replicas: int, global_batch: int) -> dict:
+  """What a run is (the task's own description) and its shape."""
+  return {**described, "num_replicas": replicas,
+          "global_batch_size": global_batch}
 
 
 class Checkpointer:
-  """Owns the CheckpointManager of one run directory."""
+  """Owns the CheckpointManager of one run directory.
 
-  def __init__(self, restore_dir: str, save_dir: str, model, optimizer,
-               config: Config):
+  Args:
+    restore_dir: where the latest checkpoint is read (the chief's).
+    save_dir: where this process saves.
+    model, optimizer: what a checkpoint holds.
+    model_dir: --model_dir, named in errors.
+    keep: checkpoints kept (--keep_checkpoints).
+    allow_resume_change: resume with another replica count or batch.
+  """
+
+  def __init__(self, restore_dir: str, save_dir: str, model, optimizer, *,
+               model_dir: str, keep: int, allow_resume_change: bool):
     self._restore_dir = restore_dir
     self.directory = save_dir
-    self._config = config
+    self._model_dir = model_dir
+    self._allow_change = allow_resume_change
     self._ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer)
-    self._manager = tf.train.CheckpointManager(
-        self._ckpt, save_dir, max_to_keep=config.keep_checkpoints)
+    self._manager = tf.train.CheckpointManager(self._ckpt, save_dir,
+                                               max_to_keep=keep)
     self._optimizer = optimizer
 
   def restore(self, identity: dict) -> int:
@@ -70,27 +77,31 @@ class Checkpointer:
       with open(meta_path) as f:
         saved = json.load(f)
     except (OSError, ValueError) as e:
-      raise flag_error("model_dir", self._config.model_dir,
+      raise flag_error("model_dir", self._model_dir,
                        f"holds checkpoint {latest} without a readable "
                        "run.json; use a new --model_dir.") from e
-    for key in _IDENTITY_KEYS:
-      if saved.get(key) != identity[key]:
+    # Keys the saved run recorded: a run.json from an earlier engine version
+    # lacks the newer ones.
+    for key in identity:
+      if key in _SHAPE_KEYS or key not in saved:
+        continue
+      if saved[key] != identity[key]:
         raise flag_error(
-            "model_dir", self._config.model_dir,
+            "model_dir", self._model_dir,
             f"holds a checkpoint of another run ({key}={saved.get(key)!r}, "
             f"this run has {identity[key]!r}); use a new --model_dir.")
-    if not self._config.allow_resume_change:
+    if not self._allow_change:
       for key in _SHAPE_KEYS:
         if saved.get(key) != identity[key]:
           raise flag_error(
-              "model_dir", self._config.model_dir,
+              "model_dir", self._model_dir,
               f"was trained with {key}={saved.get(key)}, this run has "
               f"{identity[key]}; resuming would change the results. Pass "
               "--allow_resume_change if you mean it.")
     try:
       self._ckpt.restore(latest).assert_existing_objects_matched()
     except (tf.errors.OpError, AssertionError, ValueError) as e:
-      raise flag_error("model_dir", self._config.model_dir,
+      raise flag_error("model_dir", self._model_dir,
                        f"checkpoint {latest} cannot be restored "
                        f"({type(e).__name__}: {str(e).splitlines()[0][:200]})"
                        "; nothing was overwritten.") from e

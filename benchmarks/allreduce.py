@@ -1,4 +1,4 @@
-"""All-reduce benchmark in the style of nccl-tests: `python -m engine.bench_allreduce`.
+"""All-reduce benchmark in the style of nccl-tests: `python -m benchmarks.allreduce`.
 
 For message sizes from --min_bytes to --max_bytes (x --factor each row) it
 times a float32 SUM all-reduce through `ReplicaContext.all_reduce`, the call
@@ -118,8 +118,8 @@ def iters_for(nbytes: int, args) -> int:
 
 
 def bench_mirrored(args, tcp):
-  from engine import devices, memory  # pylint: disable=g-import-not-at-top
-  from engine.config import Config  # pylint: disable=g-import-not-at-top
+  from engine.distribute import devices, memory  # pylint: disable=g-import-not-at-top
+  from engine.config import DistributionConfig  # pylint: disable=g-import-not-at-top
   devices.configure_host(args.cpu_devices)
   memory.tune_malloc()  # as training does
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -132,8 +132,8 @@ def bench_mirrored(args, tcp):
   print(f"# mirrored, {where}{note}", flush=True)
   print(HEADER)
   for op in ops:
-    config = Config(cpu_devices=0 if gpus else args.cpu_devices,
-                    cross_device_ops=op)
+    config = DistributionConfig(cpu_devices=0 if gpus else args.cpu_devices,
+                                cross_device_ops=op)
     strategy = devices.make_strategy(config)
     name = f"mirrored/{op}"
     for nbytes in sizes(args):
@@ -150,7 +150,7 @@ def bench_workers(args, tcp):
   print(HEADER)
   for op in args.worker_ops:
     cmd = [sys.executable, "-m", "engine.launch",
-           f"--num_workers={args.workers}", "--module=engine.bench_allreduce",
+           f"--num_workers={args.workers}", "--module=benchmarks.allreduce",
            "--", "--worker_mode", f"--cross_device_ops={op}",
            f"--min_bytes={args.min_bytes}", f"--max_bytes={args.max_bytes}",
            f"--factor={args.factor}", f"--iters={args.iters}",
@@ -169,11 +169,12 @@ def bench_workers(args, tcp):
 
 def worker_main(args):
   """One worker: builds MWMS as training does, prints rows (chief's kept)."""
-  from engine import cluster, devices, memory  # pylint: disable=g-import-not-at-top
-  from engine.config import Config  # pylint: disable=g-import-not-at-top
-  config = Config(strategy="multi_worker", cross_device_ops=args.cross_device_ops,
-                  worker_hosts=tuple(args.worker_hosts.split(",")),
-                  task_index=args.task_index, collective_timeout=600.0)
+  from engine.distribute import cluster, devices, memory  # pylint: disable=g-import-not-at-top
+  from engine.config import DistributionConfig  # pylint: disable=g-import-not-at-top
+  config = DistributionConfig(
+      strategy="multi_worker", cross_device_ops=args.cross_device_ops,
+      worker_hosts=tuple(args.worker_hosts.split(",")),
+      task_index=args.task_index, collective_timeout=600.0)
   strategy = cluster.make_multi_worker_strategy(config)
   memory.tune_malloc()  # as training does
   tcp = {int(k): float(v) for k, v in
@@ -199,7 +200,7 @@ def worker_main(args):
 
 
 def parse(argv):
-  p = argparse.ArgumentParser(prog="python -m engine.bench_allreduce")
+  p = argparse.ArgumentParser(prog="python -m benchmarks.allreduce")
   p.add_argument("--min_bytes", type=int, default=4 << 10)
   p.add_argument("--max_bytes", type=int, default=64 << 20)
   p.add_argument("--factor", type=int, default=4,

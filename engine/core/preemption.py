@@ -31,8 +31,9 @@ from typing import Optional
 from absl import logging
 import tensorflow as tf
 
-from engine import cluster, hang, step
-from engine.config import Config
+from engine.config import DistributionConfig
+from engine.core import step
+from engine.distribute import cluster, hang
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # A worker's flag in the exchange: 1 for a signal, this for a resource
@@ -48,20 +49,21 @@ class StopAgreement:
   close).
   """
 
-  def __init__(self, strategy: tf.distribute.Strategy, config: Config,
+  def __init__(self, strategy: tf.distribute.Strategy,
+               distribution: DistributionConfig, *, enabled: bool = True,
                watch=hang.unbounded):
     """Starts noting the signals.
 
     Args:
       strategy: the run's strategy; the exchange spans all its replicas.
-      config: reads `preemption_sync` and the communication options.
+      distribution: the communication options of the exchange.
+      enabled: --preemption_sync; without it each worker acts on its own
+        signal alone (only for measuring the exchange's cost; see README).
       watch: engine/hang.py's bound for the exchange.
     """
     self._watch = watch
-    # --nopreemption_sync skips the exchange: each worker then acts on its own
-    # signal alone (only for measuring the exchange's cost; see README).
-    self._exchange = (step.make_stop_exchange(strategy, config)
-                      if config.preemption_sync else None)
+    self._exchange = (step.make_stop_exchange(strategy, distribution)
+                      if enabled else None)
     self._signal = None
     self._resource = None  # why engine/resources.py asked to stop
     # Set when the agreed stop is for a resource on any worker.

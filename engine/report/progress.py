@@ -6,7 +6,7 @@ warnings, so N workers do not print N copies of every line.
 import sys
 from typing import TextIO
 
-from engine import hooks
+from engine.core import hooks
 
 _BAR_WIDTH = 30
 
@@ -59,19 +59,20 @@ class ProgressBar(hooks.Hook):
 
   def after_loop(self, step, rows, seconds):
     first = step - len(rows) + 1
-    rate = float(rows[:, 2].sum()) / seconds if seconds > 0 else 0.0
+    rate = float(rows["examples"].sum()) / seconds if seconds > 0 else 0.0
+    losses = rows["loss"]
     per_step = seconds / len(rows)
     self._calls += 1
     if self._calls == 2:  # from now on, leave the tracing call out
       self._steady_steps, self._steady_seconds = 0, 0.0
     self._steady_steps += len(rows)
     self._steady_seconds += seconds
-    for k, row in enumerate(rows):
+    for k in range(len(rows)):
       s = first + k
       self._epoch_seconds += per_step
       end_of_epoch = s % self._per_epoch == 0 or s == self._total
       if end_of_epoch or k == len(rows) - 1:
-        self._draw(s, float(row[0]), rate, end_of_epoch)
+        self._draw(s, float(losses[k]), rate, end_of_epoch)
       if end_of_epoch:
         self._epoch_seconds = 0.0
 

@@ -2,7 +2,7 @@
 
 Keras 3's TensorFlow optimizer sums gradients across replicas by itself when it
 is applied inside a replica context (`TFOptimizer._all_reduce_sum_gradients`).
-The engine all-reduces explicitly in `engine/step.py`, so letting Keras do it
+The engine all-reduces explicitly in `engine/core/step.py`, so letting Keras do it
 too would sum every gradient twice. Applying in cross-replica context is not an
 option either: Keras then calls `merge_call` on a missing replica context. The
 clean cut is the one hook Keras uses for that reduction, overridden to pass the
@@ -20,7 +20,7 @@ through the reduction hook, and the inner optimizer's hook passes through.
 """
 import keras
 
-from engine.config import Config
+from engine.config import OptimizationConfig
 
 _HOOK = "_all_reduce_sum_gradients"
 
@@ -46,7 +46,7 @@ _CLASSES = {
 }
 
 
-def create_optimizer(config: Config) -> keras.optimizers.Optimizer:
+def create_optimizer(config: OptimizationConfig) -> keras.optimizers.Optimizer:
   """Builds the optimizer `--optimizer` names; call inside strategy.scope()."""
   if config.optimizer == "sgd":
     inner = _CLASSES["sgd"](learning_rate=config.learning_rate,
@@ -58,6 +58,6 @@ def create_optimizer(config: Config) -> keras.optimizers.Optimizer:
   return inner
 
 
-def uses_loss_scaling(config: Config) -> bool:
+def uses_loss_scaling(config: OptimizationConfig) -> bool:
   """float16's range is too small for small gradients; bfloat16's is not."""
   return config.mixed_precision == "mixed_float16"

@@ -1,0 +1,148 @@
+"""Evaluation: the eval step, a distributed finite pass and the hook running it.
+
+The eval pass uses the same strategy as training and the same definitions of
+the loss and the metrics (engine/core/step.py's `forward_sums`). Each replica
+returns the sums of its per-example values and its example count; one
+`strategy.reduce(SUM)` per batch adds them over all replicas and workers, and
+the means divide by the global count of real examples, so a partial last
+batch, or a replica with no examples, weighs exactly as on one device.
+"""
+import math
+from typing import Callable, Dict, Optional, Sequence
+
+from absl import logging
+import tensorflow as tf
+
+from engine.core.hooks import Hook, every
+from engine.core.step import batch_size, forward_sums
+from engine.distribute import hang
+from engine.task import Task
+
+_SUM = tf.distribute.ReduceOp.SUM
+
+
+def make_replica_eval_step(task: Task, model, metrics) -> Callable:
+  """(features, labels) -> [loss sum, count, metric sums...] of a replica."""
+  def eval_step(features, labels):
+    sums = forward_sums(task, model, metrics, features, labels,
+                        training=False)
+    count = tf.cast(batch_size(features, labels), tf.float32)
+    return tf.concat([sums[:1], [count], sums[1:]], axis=0)
+  return eval_step
+
+
+def make_eval_loop(strategy: tf.distribute.Strategy, eval_step, width: int):
+  """Compiles one pass over a distributed iterator into one host call.
+
+  Returns:
+    eval_loop(iterator, max_batches) -> float32 [width]: the pass's global
+    sums (loss, examples, metrics...).
+  """
+  @tf.function
+  def eval_loop(iterator, max_batches):
+    totals = tf.zeros([width], tf.float32)
+    for _ in tf.range(max_batches):
+      # The pass ends on every worker at the same batch: on multi_worker
+      # `has_value` is all-reduced over the workers, and one that has run out
+      # gets an empty batch meanwhile, so no worker waits for a collective
+      # its peers never join.
+      optional = iterator.get_next_as_optional()
+      if not optional.has_value():
+        break
+      features, labels = optional.get_value()
+      per_replica = strategy.run(eval_step, args=(features, labels))
+      totals += strategy.reduce(_SUM, per_replica, axis=None)
+    return totals
+  return eval_loop
+
+
+class Evaluator:
+  """Evaluates a model over one finite data set, as often as asked."""
+
+  def __init__(self, strategy, task: Task, model, metrics,
+               dataset: tf.data.Dataset, num_examples: int,
+               watch=hang.unbounded):
+    self._dataset = strategy.experimental_distribute_dataset(dataset)
+    self.names = ("loss", "examples") + tuple(name for name, _ in metrics)
+    self._loop = make_eval_loop(
+        strategy, make_replica_eval_step(task, model, metrics),
+        len(self.names))
+    # An upper bound only; the pass ends when the data do. Each step uses at
+    # least one real example somewhere, even when FILE sharding gives the
+    # workers different numbers of batches, so n + 1 steps always see the end.
+    self._max_batches = tf.constant(num_examples + 1, tf.int32)
+    self.num_examples = num_examples
+    self._watch = watch  # engine/distribute/hang.py's bound for a pass
+
+  def evaluate(self) -> Dict[str, float]:
+    """One pass: {"eval_loss", "eval_examples", "eval_<metric>", ...}."""
+    with self._watch("eval", self.num_examples):
+      sums = self._loop(iter(self._dataset), self._max_batches).numpy()
+    count = int(sums[1])
+    if count != self.num_examples:
+      raise RuntimeError(f"evaluated {count} examples, expected "
+                         f"{self.num_examples}: the eval split was not read "
+                         "exactly once.")
+    out = {f"eval_{name}": float(value / count)
+           for name, value in zip(self.names, sums)}
+    out["eval_examples"] = count
+    return out
+
+  @property
+  def traces(self) -> int:
+    return self._loop.experimental_get_tracing_count()
+
+
+class EvalHook(Hook):
+  """Evaluates every `eval_every` steps (0: each epoch's end) and at the end.
+
+  `results` keeps (step, metrics) per evaluation, for anything that reports
+  them later (e.g. summaries); the last one goes into summary.json.
+  """
+
+  def __init__(self, evaluator: Optional[Evaluator], eval_every: int,
+               total_steps: int,
+               on_result: Optional[Callable[[int, dict], None]] = None,
+               keys: Sequence[str] = ()):
+    self._evaluator = evaluator
+    self._every = eval_every
+    self._total = total_steps
+    self._on_result = on_result  # e.g. the TensorBoard eval writer
+    # summary.json's eval keys when there is no evaluator (all null).
+    self._keys = tuple(keys)
+    self.results = []
+
+  def next_stop(self, step):
+    if self._evaluator is None:
+      return math.inf
+    return min(every(self._every, step), self._total)
+
+  def after_loop(self, step, rows, seconds):
+    if self._evaluator is not None and (
+        step % self._every == 0 or step == self._total):
+      self._run(step)
+
+  def _run(self, step):
+    metrics = self._evaluator.evaluate()
+    self.results.append((step, metrics))
+    shown = " | ".join(f"{k[len('eval_'):]} {v:.4f}" for k, v in
+                       metrics.items() if k != "eval_examples")
+    logging.info("eval at step %d | %s | %d examples", step, shown,
+                 metrics["eval_examples"])
+    if self._on_result is not None:
+      self._on_result(step, metrics)
+
+  def end(self, summary):
+    if self._evaluator is None:
+      summary.update(dict.fromkeys(self._keys))
+      return
+    # A resumed run that had nothing left to train still reports its weights.
+    if not self.results or self.results[-1][0] != summary["global_step"]:
+      self._run(summary["global_step"])
+    summary.update(self.results[-1][1])
+
+
+def eval_keys(metrics) -> tuple:
+  """summary.json's keys for an evaluation of these metrics."""
+  return ("eval_loss",) + tuple(f"eval_{n}" for n, _ in metrics) + (
+      "eval_examples",)

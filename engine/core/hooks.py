@@ -1,0 +1,75 @@
+"""Hooks the outer loop calls between compiled host calls (Orbit's loop hooks).
+
+A hook that must act at an exact step (a checkpoint, an evaluation, a summary)
+says so through `next_stop`; the loop then ends its host call there. Hooks never
+run inside the compiled loop, so they cannot slow a step, only the gaps.
+"""
+import math
+from typing import Sequence
+
+from absl import logging
+import numpy as np
+
+
+class Rows:
+  """The steps of one host call, by name: `rows["loss"]` is one value per step.
+
+  Columns: "loss" and each task metric (means over the step's examples),
+  "examples" (the step's example count) and "grad_norm".
+  """
+
+  def __init__(self, names: Sequence[str], values: np.ndarray):
+    self.names = tuple(names)
+    self.values = values  # float32 [steps, len(names)]
+
+  def __getitem__(self, name: str) -> np.ndarray:
+    return self.values[:, self.names.index(name)]
+
+  def __len__(self) -> int:
+    return len(self.values)
+
+  def metrics(self):
+    """The names of the loss and the task's metrics, in order."""
+    return [n for n in self.names if n not in ("examples", "grad_norm")]
+
+
+class Hook:
+  """No-op base: override what you need."""
+
+  def next_stop(self, step: int) -> float:
+    """The first step > `step` at which this hook needs control (inf: none)."""
+    del step
+    return math.inf
+
+  def after_loop(self, step: int, rows: Rows, seconds: float) -> None:
+    """Called after each host call; `rows` holds its steps, `step` the last."""
+
+  def end(self, summary: dict) -> None:
+    """Called once with the final summary, before summary.json is written."""
+
+
+def every(n: int, step: int) -> float:
+  """The first multiple of n after `step`; inf for n <= 0."""
+  return (step // n + 1) * n if n > 0 else math.inf
+
+
+class LogHook(Hook):
+  """One absl log line per `log_every` steps and at the last step:
+
+      step 40/256 | loss 0.4123 | accuracy 0.8750 | 9876.5 examples/s
+  """
+
+  def __init__(self, log_every: int, total_steps: int):
+    self._every = log_every
+    self._total = total_steps
+
+  def after_loop(self, step, rows, seconds):
+    first = step - len(rows) + 1
+    rate = rows["examples"].sum() / seconds if seconds > 0 else float("nan")
+    names = rows.metrics()
+    for k in range(len(rows)):
+      s = first + k
+      if s % self._every == 0 or s == self._total:
+        shown = " | ".join(f"{n} {rows[n][k]:.4f}" for n in names)
+        logging.info("step %d/%d | %s | %.1f examples/s", s, self._total,
+                     shown, rate)

@@ -1,0 +1,417 @@
+"""`engine.run(task, config)`: set-up, state, hooks, the host loop, the summary.
+
+The outer loop in four parts, each a small function:
+  _set_up        the strategy, this process's role and where it writes;
+  _build_state   model, optimizer, checkpoint restore, input pipeline and the
+                 compiled train loop;
+  _make_hooks    checkpoints, evaluation, reporting, resources, preemption;
+  _loop          host calls of the compiled loop until the last step;
+and then the summary (summary.json), final weights and the export.
+"""
+import atexit
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+import time
+from typing import Dict, List, Sequence
+
+from absl import logging
+import keras
+import numpy as np
+import tensorflow as tf
+
+from engine.config import Config
+from engine.core import checkpoint, evaluate, inputs, preemption, step
+from engine.core.hooks import Hook, Rows
+from engine.core.optimizers import create_optimizer
+from engine.distribute import cluster, comm, devices, hang, memory, resources
+from engine.errors import ConfigError, flag_error
+from engine.report import reporting
+from engine.task import Task, metric_fns
+
+
+@dataclasses.dataclass
+class Result:
+  """What a run produced; `summary` is also written to summary.json.
+
+  `history` holds one value per step trained in this run for "loss",
+  "examples", "grad_norm" and each task metric (4 bytes per value).
+  """
+  summary: dict
+  history: Dict[str, np.ndarray]
+  weights: List[np.ndarray]  # final trainable weights, replica 0
+  traces: int                # times the compiled loop was traced (want 1)
+  model: keras.Model = None  # the trained model
+
+  @property
+  def losses(self) -> np.ndarray:
+    return self.history["loss"]
+
+
+@dataclasses.dataclass
+class _Setup:
+  """The strategy and this process's place in the run."""
+  strategy: tf.distribute.Strategy
+  chief: bool
+  output_dir: str  # model_dir on the chief, a private temp dir elsewhere
+  replicas: int
+  workers: int
+  global_batch: int
+  malloc_tuned: bool
+
+
+@dataclasses.dataclass
+class _State:
+  """What the loop trains, positioned at `start_step`."""
+  model: keras.Model
+  optimizer: keras.optimizers.Optimizer
+  checkpointer: checkpoint.Checkpointer
+  metrics: tuple  # ((name, fn), ...)
+  names: tuple    # the columns of a step's row
+  data: inputs.TrainData
+  iterator: object
+  train_loop: object
+  start_step: int
+  total_steps: int
+
+
+def check_model_dir(path: str, flag: str = "model_dir") -> None:
+  """Fails before training, not after it, if results could not be written."""
+  try:
+    os.makedirs(path, exist_ok=True)
+    probe = os.path.join(path, ".write_test")
+    with open(probe, "w") as f:
+      f.write("ok")
+    os.remove(probe)
+  except OSError as e:
+    raise flag_error(flag, path, f"cannot be written ({e.strerror}); "
+                     "pick a directory you can write.") from e
+
+
+def is_chief(strategy: tf.distribute.Strategy) -> bool:
+  resolver = getattr(strategy, "cluster_resolver", None)
+  if resolver is None or not resolver.cluster_spec().as_dict():
+    return True
+  return (resolver.task_type in ("chief", None) or
+          (resolver.task_type == "worker" and resolver.task_id == 0 and
+           "chief" not in resolver.cluster_spec().as_dict()))
+
+
+def run(task: Task, config: Config, *, hooks: Sequence[Hook] = ()) -> Result:
+  """Trains `task` as `config` says; evaluates, checkpoints, exports.
+
+  Call it after the host is set up (`engine.cli.run` does both; in Python,
+  `engine.configure_host(cpu_devices)` before TensorFlow runs any op).
+
+  Args:
+    task: what to train.
+    config: how to train it.
+    hooks: more `Hook`s, called after every host call (e.g. a timer).
+
+  Raises:
+    ConfigError: a bad device, data set, output directory or task mistake,
+      found before training.
+    ClusterError: a lost peer or a stuck collective (engine/distribute/hang.py).
+    FloatingPointError: the loss or gradient norm became NaN or infinite.
+  """
+  setup = _set_up(config)
+  state = _build_state(task, config, setup)
+  # One thread bounds every call that can wait on peers; no collective has a
+  # timeout of its own (engine/distribute/hang.py).
+  with hang.bounded_calls(
+      config.distribution.collective_timeout,
+      config.distribution.init_timeout,
+      peer_messages=cluster.peer_messages(),
+      name_stuck=cluster.stuck_peers_line) as watch:
+    hook_list, closers = _make_hooks(task, config, setup, state, watch, hooks)
+    try:
+      history, steady = _loop(state, config.loop.steps_per_loop, hook_list,
+                              watch)
+    finally:
+      for close in closers:
+        close()
+    cluster.stop_watchdog()  # the last collective is done; peers may exit
+    summary = _summarize(task, config, setup, state, history, steady)
+    for h in hook_list:
+      h.end(summary)
+  return _finish(task, config, setup, state, summary, history)
+
+
+def _set_up(config: Config) -> _Setup:
+  dist = config.distribution
+  strategy = devices.make_strategy(dist)
+  # After the strategy: on multi_worker no op may run before it exists.
+  malloc_tuned = config.loop.malloc_tuning and memory.tune_malloc()
+  chief = is_chief(strategy)
+  # Only the chief writes model_dir; other workers write the same files to a
+  # private temporary directory, removed at the end, so no two processes ever
+  # write one file.
+  output_dir = config.checkpoints.model_dir if chief else tempfile.mkdtemp(
+      prefix="tfengine_worker_")
+  if not chief:  # also on an error exit (not on SIGKILL)
+    atexit.register(shutil.rmtree, output_dir, ignore_errors=True)
+  check_model_dir(output_dir)
+  if chief and config.reporting.export and config.reporting.export_dir:
+    check_model_dir(config.reporting.export_dir, "export_dir")
+  replicas = strategy.num_replicas_in_sync
+  # One optimizer update takes --grad_accum_steps micro-batches per replica.
+  global_batch = (config.data.batch_size_per_replica *
+                  config.optimization.grad_accum_steps * replicas)
+  return _Setup(strategy, chief, output_dir, replicas,
+                getattr(strategy.extended, "_num_workers", 1), global_batch,
+                malloc_tuned)
+
+
+def _build_state(task: Task, config: Config, setup: _Setup) -> _State:
+  strategy = setup.strategy
+  metrics = metric_fns(task)
+  context = inputs.input_context(strategy)
+  keras.utils.set_random_seed(config.loop.seed)
+  data = inputs.TrainData(task, context, config.data, setup.global_batch,
+                          config.loop.seed)
+  total_steps = (config.loop.train_steps or
+                 config.loop.epochs * data.steps_per_epoch)
+  logging.info(
+      "Global batch %d on %d worker(s) = %d per worker = %d per replica "
+      "(%d replicas, %s, %s); %d examples, %d steps per epoch, %d steps.",
+      setup.global_batch, setup.workers, setup.global_batch // setup.workers,
+      setup.global_batch // setup.replicas, setup.replicas,
+      config.distribution.strategy, devices.describe(strategy),
+      data.num_examples, data.steps_per_epoch, total_steps)
+  described = task.describe()
+  logging.info("Task %s: %s", task.name, json.dumps(described))
+  with strategy.scope():
+    model = build_model(task, config)
+    step.check_forward(task, model, metrics, data.batches().element_spec)
+    optimizer = create_optimizer(config.optimization)
+    # Built here, in the scope and before the first tf.function call, so the
+    # slots are mirrored variables and not created inside the trace.
+    optimizer.build(model.trainable_variables)
+  # Every worker resumes from the chief's checkpoints (model_dir must be
+  # shared storage across hosts) and saves into its own output_dir.
+  ckpt = config.checkpoints
+  checkpointer = checkpoint.Checkpointer(
+      os.path.join(ckpt.model_dir, "checkpoints"),
+      os.path.join(setup.output_dir, "checkpoints"), model, optimizer,
+      model_dir=ckpt.model_dir, keep=ckpt.keep_checkpoints,
+      allow_resume_change=ckpt.allow_resume_change)
+  identity = checkpoint.run_identity(described, setup.replicas,
+                                     setup.global_batch)
+  start_step = checkpointer.restore(identity)
+  checkpointer.write_identity(identity)
+  # The pipeline is a pure function of (seed, step): resuming is skipping.
+  iterator = iter(strategy.experimental_distribute_dataset(
+      data.batches(start_step)))
+  names = step.row_names(metrics)
+  train_loop = step.make_train_loop(
+      strategy, step.make_replica_step(
+          task, model, optimizer, metrics,
+          distribution=config.distribution,
+          optimization=config.optimization,
+          batch_size_per_replica=config.data.batch_size_per_replica),
+      names)
+  return _State(model, optimizer, checkpointer, metrics, names, data,
+                iterator, train_loop, start_step, total_steps)
+
+
+def build_model(task: Task, config: Config) -> keras.Model:
+  """The task's model under the run's dtype policy, with sync BatchNorm set."""
+  with _dtype_policy(config.optimization.mixed_precision):
+    model = task.build_model()
+  if not isinstance(model, keras.Model):
+    raise ConfigError(f"task {task.name}: build_model() returned "
+                      f"{type(model).__name__}, not a keras.Model.")
+  for layer in model._flatten_layers():  # pylint: disable=protected-access
+    if isinstance(layer, keras.layers.BatchNormalization):
+      # Read at call time (BatchNormalization._moments), so setting it on
+      # built layers is enough.
+      layer.synchronized = config.distribution.sync_batchnorm
+  return model
+
+
+@contextlib.contextmanager
+def _dtype_policy(mixed_precision: str):
+  """The global Keras policy for the layers built inside; restored after.
+
+  keras.applications models take no dtype argument, so the global policy is
+  the only way in; restoring it keeps other models in the process float32.
+  """
+  before = keras.config.dtype_policy()
+  keras.config.set_dtype_policy(
+      "float32" if mixed_precision == "none" else mixed_precision)
+  try:
+    yield
+  finally:
+    keras.config.set_dtype_policy(before)
+
+
+def _make_hooks(task: Task, config: Config, setup: _Setup, state: _State,
+                watch, extra: Sequence[Hook]):
+  """The run's hooks in the order they act, and what to close at the end."""
+  stop = preemption.StopAgreement(setup.strategy, config.distribution,
+                                  enabled=config.checkpoints.preemption_sync,
+                                  watch=watch)
+  ckpt_hook = checkpoint.CheckpointHook(
+      state.checkpointer, config.checkpoints.checkpoint_every, stop)
+  # Before the checkpoint hook: a stop it asks for is exchanged at once.
+  resource_hook = resources.ResourceHook(stop.request_stop)
+  report_hooks = reporting.make_hooks(
+      config.reporting, chief=setup.chief, output_dir=setup.output_dir,
+      optimizer=state.optimizer, start_step=state.start_step,
+      total_steps=state.total_steps,
+      steps_per_epoch=state.data.steps_per_epoch, names=state.names)
+  eval_hook = _eval_hook(task, config, setup, state, watch,
+                         reporting.eval_writer(report_hooks))
+  comm_hook = comm.CommHook(config.distribution, config.optimization,
+                            config.data.batch_size_per_replica,
+                            state.optimizer, state.model.trainable_variables,
+                            setup.replicas)
+  hook_list = [*report_hooks, *extra, eval_hook, comm_hook, resource_hook,
+               ckpt_hook]
+  return hook_list, [ckpt_hook.close, lambda: reporting.close(hook_list)]
+
+
+def _eval_hook(task, config, setup, state, watch, on_result):
+  """The EvalHook; it does nothing when the task has no eval data.
+
+  Raises:
+    ConfigError: --eval_every without evaluation data.
+  """
+  built = inputs.eval_inputs(task, inputs.input_context(setup.strategy),
+                             setup.global_batch)
+  keys = evaluate.eval_keys(state.metrics)
+  every = config.loop.eval_every
+  if built is None:
+    if every:
+      raise flag_error("eval_every", every,
+                       f"task {task.name} has no evaluation data "
+                       "(build_inputs('eval') returned None).")
+    return evaluate.EvalHook(None, 0, state.total_steps, keys=keys)
+  dataset, num_examples = built
+  logging.info("Evaluating on %d examples every %s.", num_examples,
+               f"{every} steps" if every else
+               f"epoch ({state.data.steps_per_epoch} steps)")
+  evaluator = evaluate.Evaluator(setup.strategy, task, state.model,
+                                 state.metrics, dataset, num_examples, watch)
+  return evaluate.EvalHook(evaluator, every or state.data.steps_per_epoch,
+                           state.total_steps, on_result, keys=keys)
+
+
+def _loop(state: _State, steps_per_loop: int, hook_list, watch):
+  """Calls the compiled loop until the last step, handing each call to hooks.
+
+  The first call runs a single step: it includes tracing, so it is left out of
+  the steady-state throughput. Later calls run `steps_per_loop` steps, ended
+  early where a hook needs control at an exact step.
+
+  Returns:
+    (history: {name: values per step}, (steady examples, steady seconds)).
+  """
+  values, done = [np.zeros((0, len(state.names)), np.float32)], state.start_step
+  steady_examples, steady_seconds = 0.0, 0.0
+  loss_at = state.names.index("loss")
+  norm_at = state.names.index("grad_norm")
+  while done < state.total_steps:
+    stop = min([state.total_steps, done + steps_per_loop] +
+               [h.next_stop(done) for h in hook_list])
+    n = 1 if done == state.start_step else int(stop - done)
+    start = time.perf_counter()
+    with watch("train", n):
+      out = _host_call(state, n, first=done == state.start_step)
+    seconds = time.perf_counter() - start
+    rows = Rows(state.names, out)
+    if done > state.start_step:
+      steady_examples += float(rows["examples"].sum())
+      steady_seconds += seconds
+    # NaN guard: raised before any hook, so no non-finite weights are saved.
+    bad = np.flatnonzero(~np.isfinite(out[:, [loss_at, norm_at]]).all(axis=1))
+    if bad.size:
+      raise FloatingPointError(
+          f"loss {out[bad[0], loss_at]}, gradient norm {out[bad[0], norm_at]}"
+          f" at step {done + bad[0] + 1}")
+    done += n
+    for h in hook_list:
+      h.after_loop(done, rows, seconds)
+    values.append(out)
+  history = np.concatenate(values)
+  return ({name: history[:, k] for k, name in enumerate(state.names)},
+          (steady_examples, steady_seconds))
+
+
+def _host_call(state: _State, n: int, first: bool) -> np.ndarray:
+  """One call of the compiled loop; [n, columns] on the host.
+
+  The first call traces the step. A task mistake that only shows when the
+  step runs (a label outside the model's classes, say) fails there, and is
+  reported as the task's, in one line, before anything was trained.
+  """
+  try:
+    return state.train_loop(state.iterator, tf.constant(n, tf.int32)).numpy()
+  except tf.errors.InvalidArgumentError as e:
+    if not first:
+      raise
+    message = str(e.message).strip().splitlines()
+    raise ConfigError(
+        "the first training step failed: "
+        f"{message[0][:300] if message else type(e).__name__}"
+        " (check that the task's labels fit the model's outputs).") from e
+
+
+def _summarize(task, config, setup, state, history, steady) -> dict:
+  """summary.json's keys; hooks add theirs in `end`."""
+  reporting_config = config.reporting
+  collectives = comm.collectives_per_step(
+      state.train_loop.get_concrete_function(state.iterator,
+                                             tf.constant(1, tf.int32)),
+      len(setup.strategy.extended.worker_devices))
+  loss = history["loss"]
+  last = lambda a: float(a[-1]) if len(a) else None
+  summary = {
+      "global_step": int(state.optimizer.iterations.numpy()),
+      "start_step": state.start_step,
+      "final_loss": last(loss),
+  }
+  # A metric's final value is its mean over the last --log_every steps.
+  for name, _ in state.metrics:
+    window = history[name][-reporting_config.log_every:]
+    summary[f"final_{name}"] = float(np.mean(window)) if len(window) else None
+  steady_examples, steady_seconds = steady
+  summary.update({
+      "first_loss": float(loss[0]) if len(loss) else None,
+      "final_grad_norm": last(history["grad_norm"]),
+      "examples_per_sec": (steady_examples / steady_seconds
+                           if steady_seconds > 0 else None),
+      "num_replicas": setup.replicas,
+      "num_workers": setup.workers,
+      "global_batch_size": setup.global_batch,
+      "strategy": config.distribution.strategy,
+      "cross_device_ops": config.distribution.cross_device_ops,
+      "cross_device_impl": devices.describe(setup.strategy),
+      "task": task.name,
+      **task.describe(),
+      "malloc_tuned": setup.malloc_tuned,
+      "collectives_per_step": collectives,
+  })
+  return summary
+
+
+def _finish(task, config, setup, state, summary, history) -> Result:
+  """Writes summary.json and the weights, exports; returns the Result."""
+  with open(os.path.join(setup.output_dir, "summary.json"), "w") as f:
+    json.dump(summary, f, indent=2)
+  logging.info("Done: %s", json.dumps(summary))
+  weights = [np.array(v.numpy()) for v in state.model.trainable_variables]
+  if config.checkpoints.weights_out:
+    np.savez(os.path.join(setup.output_dir, config.checkpoints.weights_out),
+             *weights)
+  reporting.finish(config.reporting, task, state.model,
+                   state.data.features_spec, chief=setup.chief,
+                   output_dir=setup.output_dir)
+  if not setup.chief:
+    shutil.rmtree(setup.output_dir, ignore_errors=True)
+  return Result(summary, history, weights,
+                state.train_loop.experimental_get_tracing_count(), state.model)
+

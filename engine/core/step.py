@@ -1,0 +1,317 @@
+"""The train step and the compiled inner loop.
+
+This is the one place where `strategy.run` and `tf.function` are applied, and
+where gradients are all-reduced. The same code serves OneDevice, Mirrored and
+MultiWorkerMirrored strategies: with one replica the all-reduce is an identity.
+
+A step reports named sums, one row per step: "loss" (the summed per-example
+loss, regularization included), "examples" (how many examples the step
+really had), "grad_norm", and each of the task's metrics summed over its
+examples. `make_train_loop` turns the sums into means over the examples of
+the global batch.
+"""
+from typing import Callable, Optional, Sequence, Tuple
+
+import keras
+import tensorflow as tf
+
+from engine.config import DistributionConfig, OptimizationConfig
+from engine.core.optimizers import uses_loss_scaling
+from engine.distribute.devices import communication_options
+from engine.task import Task, checked_loss, checked_metric
+
+_SUM = tf.distribute.ReduceOp.SUM
+# --grad_compression: the dtype gradients have on the wire (None: float32).
+WIRE_DTYPES = {"none": None, "fp16": tf.float16, "bf16": tf.bfloat16}
+# The engine's own columns of a step's row; the task's metrics follow.
+TRAIN_COLUMNS = ("loss", "examples", "grad_norm")
+
+
+def row_names(metrics: Sequence[Tuple[str, Callable]]) -> Tuple[str, ...]:
+  """The names of a train step's row, in order."""
+  return TRAIN_COLUMNS + tuple(name for name, _ in metrics)
+
+
+def batch_size(features, labels) -> tf.Tensor:
+  """Examples in a (micro-)batch: the leading dimension of its first tensor."""
+  first = tf.nest.flatten((labels, features))[0]
+  return tf.shape(first)[0]
+
+
+def forward_sums(task: Task, model, metrics, features, labels,
+                 training: bool) -> tf.Tensor:
+  """[loss sum, metric sums...] of one (micro-)batch: the step's objective.
+
+  The loss sum is the task's per-example losses summed, plus the model's
+  own losses (`model.losses`: kernel and activity regularizers) times the
+  number of examples. Divided by the global count of examples (after the
+  all-reduce), that gives the mean loss plus the regularization exactly
+  once, whatever the number of replicas or the split of a partial batch:
+  weight penalties are the same on every replica and sum back to n times
+  themselves; Keras's activity penalties are means over the replica's
+  examples, so n times each is their share of the global mean.
+  """
+  outputs = model(features, training=training)
+  # float32 for the loss and metrics, also under a mixed precision policy.
+  outputs = tf.nest.map_structure(
+      lambda t: tf.cast(t, tf.float32) if t.dtype.is_floating else t, outputs)
+  count = tf.cast(batch_size(features, labels), tf.float32)
+  loss_sum = tf.reduce_sum(checked_loss(task, labels, outputs))
+  if model.losses:
+    loss_sum += count * tf.cast(tf.add_n(model.losses), tf.float32)
+  metric_sums = [tf.reduce_sum(checked_metric(task, name, fn, labels, outputs))
+                 for name, fn in metrics]
+  return tf.stack([loss_sum] + metric_sums)
+
+
+def check_forward(task: Task, model, metrics, element_spec) -> None:
+  """Traces the loss and the metrics once on the shapes of the model's
+  outputs and the labels, outside any replica, so a task's mistake is found
+  before training.
+
+  Tracing inside `strategy.run` would find it too, but MirroredStrategy's
+  replica threads log the traceback before the error reaches the caller;
+  here only the one-line ConfigError of engine/task.py comes out. The
+  outputs' shapes come from Keras (`compute_output_spec`: free for
+  functional models, one symbolic call for subclassed ones, which creates
+  their variables here, in the strategy's scope, before the optimizer is
+  built for them).
+
+  Raises:
+    ConfigError: the loss or a metric failed, or returned the wrong shape.
+  """
+  features, labels = element_spec
+  symbolic = tf.nest.map_structure(
+      lambda s: keras.KerasTensor(s.shape, dtype=s.dtype.name), features)
+  outputs = tf.nest.map_structure(
+      lambda t: tf.TensorSpec(t.shape, tf.float32 if "float" in t.dtype
+                              else t.dtype),
+      model.compute_output_spec(symbolic))
+
+  def loss_and_metrics(labels, outputs):
+    return [checked_loss(task, labels, outputs)] + [
+        checked_metric(task, name, fn, labels, outputs)
+        for name, fn in metrics]
+  tf.function(loss_and_metrics).get_concrete_function(labels, outputs)
+
+
+def make_replica_step(task: Task, model, optimizer, metrics, *,
+                      distribution: DistributionConfig,
+                      optimization: OptimizationConfig,
+                      batch_size_per_replica: int) -> Callable:
+  """Returns the per-replica step: forward, backward, one all-reduce, update.
+
+  The loss is the mean over the examples actually present in the global batch:
+  each replica differentiates the *sum* of its per-example losses, and the
+  summed gradient is divided by the global count of examples. That count is
+  all-reduced with the gradients, so a partial last batch, or a replica that
+  got no examples at all, gives exactly the single-device mean.
+
+  With `--grad_accum_steps=K` each replica's batch holds K micro-batches of
+  `--batch_size_per_replica`; their gradient sums are added up locally and
+  all-reduced once, so the step equals one step on the K times larger batch.
+  """
+  options = communication_options(distribution)
+  variables = model.trainable_variables
+  loss_scaled = uses_loss_scaling(optimization)
+  wire_dtype = WIRE_DTYPES[distribution.grad_compression]
+  accum = optimization.grad_accum_steps
+
+  def replica_step(features, labels):
+    ctx = tf.distribute.get_replica_context()
+    # Read before the update, which may change it (float16 loss scaling).
+    scale = (tf.identity(optimizer.dynamic_scale.value) if loss_scaled
+             else tf.constant(1.0))
+    forward_backward = _forward_backward_fn(
+        task, model, variables, metrics, optimization.jit_compile)
+    local_count = tf.cast(batch_size(features, labels), tf.float32)
+    # With compression the count needs an all-reduce of its own (see
+    # _mean_gradients). It depends only on the batch's shape, so it is issued
+    # here, before the forward pass, and its latency hides behind the compute.
+    early_count = (ctx.all_reduce(_SUM, local_count, options=options)
+                   if wire_dtype is not None else None)
+    grads, sums = _accumulate(forward_backward, variables, features, labels,
+                              scale, accum, batch_size_per_replica,
+                              distribution.sync_batchnorm, len(metrics))
+    nominal_count = float(batch_size_per_replica * accum *
+                          ctx.num_replicas_in_sync)
+    grads = _mean_gradients(ctx, grads, local_count, early_count, options,
+                            wire_dtype, nominal_count)
+    # Applies what it is given (engine/core/optimizers.py): no second
+    # reduction. Under loss scaling it unscales, and skips a step whose
+    # reduced gradient is not finite, on every replica alike.
+    optimizer.apply(grads, variables)
+    # Every replica holds the same reduced gradient, so its norm divided by
+    # the replica count sums back to the norm in the SUM reduce of the loop.
+    norm_share = (tf.linalg.global_norm(grads) / scale /
+                  ctx.num_replicas_in_sync)
+    if loss_scaled:  # a skipped overflow step applied nothing
+      norm_share = tf.where(tf.math.is_finite(norm_share), norm_share, 0.0)
+    return tf.concat([sums[:1], [local_count, norm_share], sums[1:]], axis=0)
+
+  return replica_step
+
+
+def _mean_gradients(ctx, grads, local_count, global_count, options,
+                    wire_dtype: Optional[tf.DType], nominal_count: float):
+  """The gradient all-reduce, exactly once per step, divided by the count.
+
+  The optimizer (engine/optimizers.py) applies what it is given and does not
+  reduce again. Without compression the example count rides in the same
+  all-reduce as the gradients. With compression the gradients travel as
+  float16/bfloat16, pre-divided by the nominal global batch so that their
+  sum is about the mean gradient and cannot overflow float16; one multiply
+  after the cast back turns that into the mean over the real examples. The
+  count (`global_count`, reduced by the caller) stays float32, exact, in a
+  4-byte all-reduce of its own: TF concatenates each pack into one tensor,
+  which needs one dtype.
+  """
+  if wire_dtype is None:
+    grads, global_count = ctx.all_reduce(_SUM, (grads, local_count),
+                                         options=options)
+    inverse = 1.0 / tf.maximum(global_count, 1.0)
+    return [g * inverse for g in grads]
+  wire = [tf.cast(g * (1.0 / nominal_count), wire_dtype) for g in grads]
+  wire = ctx.all_reduce(_SUM, wire, options=options)
+  factor = nominal_count / tf.maximum(global_count, 1.0)
+  return [tf.cast(g, tf.float32) * factor for g in wire]
+
+
+def _forward_backward_fn(task: Task, model, variables, metrics,
+                         jit_compile: bool) -> Callable:
+  """Gradients of one (micro-)batch's summed loss times the loss scale.
+
+  With `--jit_compile` this part, not the whole step, is compiled by XLA:
+  on CPU, XLA has no kernels for the collective all-reduce or the input
+  iterator, so the all-reduce and the update stay outside it. Built once
+  per replica, so that each replica's trace captures its own variables.
+
+  Returns:
+    forward_backward(features, labels, scale) -> (gradients, sums), sums
+    being [loss sum, metric sums...] (see `forward_sums`).
+  """
+  def forward_backward(features, labels, scale):
+    with tf.GradientTape() as tape:
+      sums = forward_sums(task, model, metrics, features, labels,
+                          training=True)
+      scaled = sums[0] * scale  # 1.0 unless float16 loss scaling
+    return tape.gradient(scaled, variables), sums
+
+  if jit_compile:
+    return tf.function(forward_backward, jit_compile=True)
+  return forward_backward
+
+
+def _accumulate(forward_backward, variables, features, labels, scale,
+                k: int, micro: int, sync_batchnorm: bool, num_metrics: int):
+  """Sums gradients and the row's sums over the K micro-batches."""
+  if k == 1:
+    return forward_backward(features, labels, scale)
+
+  def one(i, totals):
+    part = tf.nest.map_structure(lambda t: t[i * micro:(i + 1) * micro],
+                                 (features, labels))
+    if sync_batchnorm:  # every replica must join the BN all-reduces
+      out = forward_backward(*part, scale)
+    else:  # an empty micro-batch (partial batch) would give NaN BN moments
+      out = tf.cond(batch_size(*part) > 0,
+                    lambda: forward_backward(*part, scale),
+                    lambda: tf.nest.map_structure(tf.zeros_like, totals))
+    return tf.nest.map_structure(tf.add, totals, out)
+
+  totals = ([tf.zeros_like(v) for v in variables],
+            tf.zeros([1 + num_metrics], tf.float32))
+  if sync_batchnorm:
+    # Unrolled: a collective inside a while loop's body would need merge_call
+    # in a nested graph, which tf.distribute does not support.
+    for i in range(k):
+      totals = one(i, totals)
+    return totals
+  return tf.while_loop(lambda i, _: i < k, lambda i, t: (i + 1, one(i, t)),
+                       (tf.constant(0), totals))[1]
+
+
+def means(sums: tf.Tensor, names: Sequence[str]) -> tf.Tensor:
+  """Rows of global sums -> means over the examples, per step.
+
+  "examples" stays a count and "grad_norm" is already the global norm (see
+  the replica step); every other column is a sum over examples.
+  """
+  # A division, not a multiplication by 1 / count: Eigen's vectorised
+  # reciprocal is not exact, so the result would depend on the row count.
+  denominator = tf.maximum(sums[:, names.index("examples")], 1.0)
+  columns = [sums[:, k] if name in ("examples", "grad_norm") else
+             sums[:, k] / denominator for k, name in enumerate(names)]
+  return tf.stack(columns, axis=1)
+
+
+def make_train_loop(strategy: tf.distribute.Strategy, replica_step: Callable,
+                    names: Sequence[str]) -> Callable:
+  """Compiles `num_steps` steps into one host call.
+
+  Each step's only collective is the gradient all-reduce in the replica step.
+  The per-step rows of sums stay on their replicas during the call and are
+  summed across all replicas and workers once at its end, in one all-reduce
+  of a [num_steps, len(names)] tensor: a collective per step costs a fixed
+  transport overhead and one more point where every worker waits for the
+  slowest.
+
+  Returns:
+    train_loop(iterator, num_steps) -> float32 [num_steps, len(names)]: per
+    step, the global means of `names` over the step's examples (the example
+    count and gradient norm as they are). `num_steps` is a tensor and the
+    loop is a `tf.range`, so any step count reuses one trace.
+  """
+  local_replicas = len(strategy.extended.worker_devices)
+  width = len(names)
+
+  @tf.function
+  def train_loop(iterator, num_steps):
+    # One array per replica of this worker, written by that replica's step.
+    rows = [tf.TensorArray(tf.float32, size=num_steps,
+                           element_shape=[width])
+            for _ in range(local_replicas)]
+    for i in tf.range(num_steps):
+      # One step at a time: overlapping iterations would let the replicas'
+      # collectives of two steps interleave and stall each other.
+      tf.autograph.experimental.set_loop_options(parallel_iterations=1)
+      features, labels = next(iterator)
+      per_replica = strategy.run(replica_step, args=(features, labels))
+      rows = [r.write(i, v) for r, v in
+              zip(rows, strategy.experimental_local_results(per_replica))]
+    stacked = [r.stack() for r in rows]
+    # Replica ids run worker by worker, so a replica's local index is its id
+    # modulo the local count; each replica hands in the rows it wrote.
+    per_replica_rows = strategy.experimental_distribute_values_from_function(
+        lambda ctx: stacked[ctx.replica_id_in_sync_group % local_replicas])
+    return means(strategy.reduce(_SUM, per_replica_rows, axis=None), names)
+
+  return train_loop
+
+
+def make_stop_exchange(strategy: tf.distribute.Strategy,
+                       distribution: DistributionConfig) -> Callable:
+  """Compiles the per-host-call exchange of the "stop requested" flag.
+
+  Separate from the train loop and called once per host call, never per step
+  (see engine/core/preemption.py). Every replica contributes its host's flag
+  to one SUM all-reduce, so the result is positive on every worker as soon as
+  any worker asked to stop. (`ReduceOp` has no MAX; a sum > 0 is the same.)
+
+  Returns:
+    exchange(flag) -> float32 scalar: `flag` summed over all replicas.
+  """
+  options = communication_options(distribution)
+
+  def replica_flag(flag):
+    # The identity places the replica's copy on its device; the collective
+    # refuses a value that lives on no replica device.
+    return tf.distribute.get_replica_context().all_reduce(
+        _SUM, tf.identity(flag), options=options)
+
+  @tf.function
+  def exchange(flag):
+    total = strategy.run(replica_flag, args=(flag,))
+    return strategy.experimental_local_results(total)[0]
+
+  return exchange

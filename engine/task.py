@@ -1,0 +1,246 @@
+"""What to train: a `Task` supplies the model, the data, the loss and metrics.
+
+The engine owns everything else: the strategy, batching, the step, the
+all-reduce, checkpoints, evaluation, summaries and export. Pass the pieces,
+
+    task = engine.Task(
+        model=lambda: my_keras_model(),
+        inputs=lambda split, context: my_examples(split),  # (features, labels)
+        loss=keras.losses.Huber(reduction=None),             # one per example
+        metrics={"mae": keras.metrics.mean_absolute_error})
+
+or subclass and override the `build_*` methods (as TF Model Garden's
+official/core `Task` does), e.g. when the pieces share state.
+
+Contract (checked before training, each mistake a one-line error):
+  * `build_inputs(split, context)` returns a finite `tf.data.Dataset` of
+    single, unbatched examples `(features, labels)` in a fixed order, or None
+    when the task has no data for `split` ("train" or "eval"). Features may
+    be a tensor or a dict of tensors; labels any structure the loss accepts.
+    Return the whole split on every worker: the engine shuffles, batches by
+    the global batch and gives each worker its share of every batch, which
+    is what keeps results the same for any number of replicas and workers.
+    `context` (a `tf.distribute.InputContext`) says how many workers there
+    are and which one this is.
+  * `per_example_loss(labels, outputs)` returns one float per example
+    (shape [batch]); the engine sums it on each replica and divides by the
+    number of examples in the global batch. Keras losses made with
+    `reduction=None` fit as they are.
+  * `build_metrics()` returns named functions `(labels, outputs) -> one value
+    per example`; each is reported as its mean over the examples (of a step,
+    of an evaluation). Keras's metric functions (`keras.metrics.
+    mean_absolute_error`, ...) fit as they are.
+  * `model.losses` (kernel and activity regularizers) are added by the
+    engine, once per step for the global batch.
+"""
+from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
+
+import keras
+import tensorflow as tf
+
+from engine.errors import ConfigError
+
+MetricFn = Callable[[object, tf.Tensor], tf.Tensor]
+Metrics = Union[Mapping[str, MetricFn], Sequence[Union[MetricFn,
+                                                       Tuple[str, MetricFn]]]]
+SPLITS = ("train", "eval")
+# Names the engine reports itself; a task's metric may not take them.
+RESERVED = ("loss", "examples", "grad_norm", "learning_rate",
+            "examples_per_sec", "steps_per_sec")
+
+
+class Task:
+  """What to train; see the module docstring for the contract.
+
+  Args:
+    model: () -> keras.Model, called inside the strategy's scope.
+    inputs: (split, tf.distribute.InputContext) -> tf.data.Dataset or None.
+    loss: (labels, outputs) -> per-example losses.
+    metrics: {name: fn} or [fn, (name, fn), ...]; a function's name is its
+      `__name__` (or `name` attribute).
+    name: for logs and for the checkpoint's run identity (default: the
+      class name).
+  """
+  # The exported SavedModel's input name when the features are one tensor.
+  serving_input_name = "features"
+
+  def __init__(self, *, model: Optional[Callable[[], keras.Model]] = None,
+               inputs: Optional[Callable] = None,
+               loss: Optional[Callable] = None,
+               metrics: Optional[Metrics] = None,
+               name: Optional[str] = None):
+    self._model_fn = model
+    self._inputs_fn = inputs
+    self._loss_fn = loss
+    self._metrics = metrics
+    self.name = name or type(self).__name__
+
+  def build_model(self) -> keras.Model:
+    """The model to train; built inside the strategy's scope."""
+    if self._model_fn is None:
+      raise NotImplementedError(f"{self.name}: pass model= or override "
+                                "build_model().")
+    return self._model_fn()
+
+  def build_inputs(self, split: str, context: tf.distribute.InputContext
+                   ) -> Optional[tf.data.Dataset]:
+    """Unbatched `(features, labels)` examples of `split`, or None."""
+    if self._inputs_fn is None:
+      raise NotImplementedError(f"{self.name}: pass inputs= or override "
+                                "build_inputs().")
+    return self._inputs_fn(split, context)
+
+  def per_example_loss(self, labels, outputs) -> tf.Tensor:
+    """One loss value per example, shape [batch]."""
+    if self._loss_fn is None:
+      raise NotImplementedError(f"{self.name}: pass loss= or override "
+                                "per_example_loss().")
+    return self._loss_fn(labels, outputs)
+
+  def num_examples(self, split: str) -> Optional[int]:
+    """The split's size if known without reading it (e.g. from metadata).
+
+    None (the default): the engine takes the data set's cardinality, or
+    counts the examples in one pass when the data set does not know it.
+    """
+    del split
+    return None
+
+  def build_metrics(self) -> Metrics:
+    """Named per-example metrics; none by default."""
+    return self._metrics or {}
+
+  def preprocess_batch(self, features, labels, training: bool):
+    """Runs on each global batch on the host, after batching; vectorised work
+    (the built-in synthetic images are made here). Identity by default."""
+    del training
+    return features, labels
+
+  def describe(self) -> Dict[str, object]:
+    """JSON facts about the task for logs, summary.json and run.json.
+
+    A checkpoint is only resumed by a run whose task describes itself the
+    same way, so include what would make resuming wrong if it changed.
+    """
+    return {"task": self.name}
+
+  def serving_outputs(self, outputs) -> Dict[str, tf.Tensor]:
+    """What the exported SavedModel's `serving_default` returns."""
+    return {"outputs": outputs}
+
+
+def metric_fns(task: Task) -> Tuple[Tuple[str, MetricFn], ...]:
+  """The task's metrics as ((name, fn), ...), in a fixed order.
+
+  Raises:
+    ConfigError: a name used twice, a reserved name, or a metric that is not
+      a function.
+  """
+  spec = task.build_metrics()
+  pairs = list(spec.items()) if isinstance(spec, Mapping) else [
+      item if isinstance(item, tuple) else (_name_of(item), item)
+      for item in spec]
+  seen = set()
+  for name, fn in pairs:
+    if not callable(fn):
+      raise ConfigError(f"task {task.name}: metric {name!r} is "
+                        f"{type(fn).__name__}, not a function (labels, "
+                        "outputs) -> one value per example.")
+    if name in RESERVED:
+      raise ConfigError(f"task {task.name}: metric name {name!r} is "
+                        f"reserved by the engine ({', '.join(RESERVED)}); "
+                        "rename it.")
+    if name in seen:
+      raise ConfigError(f"task {task.name}: metric name {name!r} is used "
+                        "twice; give each metric its own name.")
+    seen.add(name)
+  return tuple(pairs)
+
+
+def _name_of(fn) -> str:
+  return getattr(fn, "name", None) or getattr(fn, "__name__", repr(fn))
+
+
+def check_examples(task: Task, split: str, dataset: tf.data.Dataset) -> None:
+  """Refuses a data set whose elements are not (features, labels) pairs.
+
+  Raises:
+    ConfigError: naming the task, the split and what it yields.
+  """
+  if not isinstance(dataset, tf.data.Dataset):
+    raise ConfigError(f"task {task.name}: build_inputs({split!r}) returned "
+                      f"{type(dataset).__name__}, not a tf.data.Dataset.")
+  spec = dataset.element_spec
+  if not (isinstance(spec, tuple) and len(spec) == 2):
+    raise ConfigError(
+        f"task {task.name}: build_inputs({split!r}) yields "
+        f"{_describe_spec(spec)}, not (features, labels) pairs; map each "
+        "example to a (features, labels) tuple.")
+  if dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
+    raise ConfigError(
+        f"task {task.name}: build_inputs({split!r}) never ends (infinite "
+        "cardinality); return one pass over the split: the engine repeats "
+        "it epoch by epoch.")
+
+
+def _describe_spec(spec) -> str:
+  if isinstance(spec, tf.TensorSpec):
+    return f"single tensors {spec.dtype.name}{spec.shape.as_list()}"
+  if isinstance(spec, dict):
+    return f"dicts with keys {sorted(spec)}"
+  if isinstance(spec, tuple):
+    return f"{len(spec)}-tuples"
+  return type(spec).__name__
+
+
+def checked_loss(task: Task, labels, outputs) -> tf.Tensor:
+  """The task's per-example loss as float32 [batch], checked at trace time.
+
+  Raises:
+    ConfigError: the loss failed on these labels and outputs, or did not
+      return one value per example.
+  """
+  try:
+    per_example = task.per_example_loss(labels, outputs)
+  except (ValueError, TypeError, tf.errors.InvalidArgumentError) as e:
+    raise ConfigError(
+        f"task {task.name}: the loss failed on the model's outputs "
+        f"({_shapes(outputs)}) and the labels ({_shapes(labels)}): "
+        f"{_first_line(e)}") from e
+  per_example = tf.convert_to_tensor(per_example)
+  if per_example.shape.rank != 1:
+    raise ConfigError(
+        f"task {task.name}: the loss returned shape "
+        f"{per_example.shape.as_list()} for outputs {_shapes(outputs)}; it "
+        "must return one value per example (shape [batch]), e.g. a Keras "
+        "loss made with reduction=None.")
+  return tf.cast(per_example, tf.float32)
+
+
+def checked_metric(task: Task, name: str, fn: MetricFn, labels,
+                   outputs) -> tf.Tensor:
+  """A metric's per-example values as float32 [batch], checked likewise."""
+  try:
+    values = tf.convert_to_tensor(fn(labels, outputs))
+  except (ValueError, TypeError, tf.errors.InvalidArgumentError) as e:
+    raise ConfigError(
+        f"task {task.name}: metric {name!r} failed on the model's outputs "
+        f"({_shapes(outputs)}) and the labels ({_shapes(labels)}): "
+        f"{_first_line(e)}") from e
+  if values.shape.rank != 1:
+    raise ConfigError(
+        f"task {task.name}: metric {name!r} returned shape "
+        f"{values.shape.as_list()}; it must return one value per example "
+        "(shape [batch]).")
+  return tf.cast(values, tf.float32)
+
+
+def _shapes(structure) -> str:
+  shapes = [str(t.shape.as_list()) for t in tf.nest.flatten(structure)
+            if hasattr(t, "shape")]
+  return "shape " + ", ".join(shapes) if shapes else "no tensors"
+
+
+def _first_line(error: Exception) -> str:
+  text = str(error).strip().splitlines()
+  return text[0][:300] if text else type(error).__name__

@@ -1,0 +1,208 @@
+"""The built-in job: image classification with a registered model and data set.
+
+`python -m engine.main` is this task on the public API, exactly the path a
+user's own script takes (engine/cli.py). The model comes from `models/`
+(`--model`), the examples from `data/` (`--dataset`: synthetic, folder:/path
+or a TensorFlow Datasets name), the loss and metrics from
+engine/classification.py (cross-entropy; accuracy, and top-5 accuracy when
+there are more than 5 classes).
+
+    task = ImageClassification(ImageClassificationConfig(
+        model="small_cnn", dataset="folder:/data/pets", image_size=64),
+        seed=42)
+    engine.run(task, engine.Config.create(train_steps=500))
+"""
+import dataclasses
+import os
+from typing import Dict, Optional
+
+from absl import flags
+import tensorflow as tf
+
+import data
+import models
+from engine import classification, cli
+from engine.errors import flag_error
+from engine.task import Task
+
+HELP = {
+    "model": "mobilenet_v2 or small_cnn.",
+    "dataset": "synthetic, folder:/path (one sub-directory per class) or any "
+               "TensorFlow Datasets name (cats_vs_dogs, ...).",
+    "data_dir": "TensorFlow Datasets dir.",
+    "train_split": "Split expression for training, e.g. train[:80%].",
+    "eval_split": "Split expression to evaluate on, e.g. test or train[80%:] "
+                  "(empty: no evaluation).",
+    "download": "Let tfds download and prepare a missing data set.",
+    "image_size": "Image side, pixels.",
+    "num_classes": "Classes of the synthetic data set.",
+    "synthetic_examples": "Examples in one epoch of the synthetic data set.",
+    "cache": "Cache decoded images: memory, or a file path prefix (empty: no "
+             "cache).",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageClassificationConfig:
+  """The built-in task's own flags; validated when made."""
+  model: str = "mobilenet_v2"
+  dataset: str = "synthetic"
+  data_dir: Optional[str] = None
+  train_split: str = "train"
+  eval_split: str = ""  # split expression to evaluate on; "" = no evaluation
+  download: bool = True
+  image_size: int = 224
+  num_classes: int = 10  # synthetic data set only; tfds data sets say their own
+  synthetic_examples: int = 2048
+  cache: str = ""  # "" = none, "memory", or a file path prefix
+
+  def __post_init__(self):
+    if self.model not in models.MODELS:
+      raise flag_error("model", self.model,
+                       f"unknown; valid: {', '.join(sorted(models.MODELS))}.")
+    for name in ("image_size", "num_classes", "synthetic_examples"):
+      value = getattr(self, name)
+      if not (isinstance(value, int) and value > 0):
+        raise flag_error(name, value, "must be a positive integer.")
+    if self.num_classes < 2:
+      raise flag_error("num_classes", self.num_classes, "must be at least 2.")
+    if self.image_size < 32:
+      raise flag_error("image_size", self.image_size,
+                       "must be at least 32 (the models downsample 5 times).")
+    if self.dataset in ("", "folder:"):
+      raise flag_error("dataset", self.dataset, "names no data set; use "
+                       "synthetic, folder:/path or a TensorFlow Datasets name.")
+    if self.cache and self.dataset == "synthetic":
+      raise flag_error("cache", self.cache, "the synthetic data set is "
+                       "generated per batch and has nothing to cache; drop it.")
+    cache_dir = os.path.dirname(os.path.abspath(self.cache))
+    if self.cache not in ("", "memory") and not os.path.isdir(cache_dir):
+      raise flag_error("cache", self.cache, f"directory {cache_dir} does not "
+                       "exist; use memory or a path in an existing directory.")
+
+
+class ImageClassification(Task):
+  """A registered model on a registered data set; see the module docstring.
+
+  Args:
+    config: the task's flags.
+    seed: the run's --seed (synthetic images, tfds file order).
+  """
+  serving_input_name = "images"
+
+  def __init__(self, config: ImageClassificationConfig, seed: int = 42):
+    super().__init__(name="image_classification")
+    self.config = config
+    self._seed = seed
+    self._sources: Dict[str, data.Source] = {}
+    self._patterns = None
+
+  def _source(self, split: str, workers: int = 1) -> Optional[data.Source]:
+    """The split's Source, read once ("train" or "eval")."""
+    expression = (self.config.train_split if split == "train" else
+                  self.config.eval_split)
+    if not expression:
+      return None
+    if split not in self._sources:
+      self._sources[split] = data.source(
+          self.config, expression, f"{split}_split", seed=self._seed,
+          training=split == "train", num_workers=workers)
+    return self._sources[split]
+
+  @property
+  def class_names(self):
+    return self._source("train").class_names
+
+  @property
+  def num_classes(self) -> int:
+    return len(self.class_names)
+
+  def build_model(self):
+    return models.create_model(self.config.model, self.num_classes,
+                               self.config.image_size)
+
+  def build_inputs(self, split, context):
+    found = self._source(split, context.num_input_pipelines)
+    if found is None:
+      return None
+    if self.config.dataset == "synthetic" and self._patterns is None:
+      # Made here, eagerly: the per-batch map below only looks them up.
+      from data import synthetic  # pylint: disable=g-import-not-at-top
+      self._patterns = tf.constant(synthetic.class_patterns(
+          self.config.num_classes, self.config.image_size, self._seed))
+    examples = found.examples
+    if split == "eval":  # FILE lets each worker read its own files
+      options = tf.data.Options()
+      options.experimental_distribute.auto_shard_policy = found.policy
+      examples = examples.with_options(options)
+    return examples
+
+  def num_examples(self, split):
+    found = self._source(split)
+    return None if found is None else found.num_examples
+
+  def preprocess_batch(self, features, labels, training):
+    del training
+    if self.config.dataset != "synthetic":
+      return features, labels
+    from data import synthetic  # pylint: disable=g-import-not-at-top
+    return synthetic.images_for(features, self._patterns,
+                                self.config.num_classes)
+
+  def per_example_loss(self, labels, outputs):
+    return classification.cross_entropy()(labels, outputs)
+
+  def build_metrics(self):
+    return classification.metrics(self.num_classes)
+
+  def describe(self):
+    source = self._source("train")
+    return {"model": self.config.model, "dataset": self.config.dataset,
+            "image_size": self.config.image_size,
+            "num_classes": len(source.class_names),
+            "class_names": list(source.class_names)}
+
+  def serving_outputs(self, outputs):
+    return classification.serving_outputs(outputs)
+
+
+def define_flags(flag_values=flags.FLAGS, module_name=None):
+  """Defines the task's flags (--model, --dataset, ...)."""
+  return cli.define_dataclass_flags(
+      ImageClassificationConfig, HELP, flag_values=flag_values,
+      module_name=module_name or cli.caller_module())
+
+
+def from_flags(config, flag_values=flags.FLAGS) -> ImageClassification:
+  """The task from its parsed flags and the engine's config.
+
+  Raises:
+    ConfigError: a bad task flag, or --eval_every without --eval_split.
+  """
+  fields = dataclasses.fields(ImageClassificationConfig)
+  task_config = ImageClassificationConfig(
+      **{f.name: flag_values[f.name].value for f in fields})
+  if config.loop.eval_every and not task_config.eval_split:
+    raise flag_error("eval_every", config.loop.eval_every,
+                     "needs --eval_split, the split to evaluate on (e.g. "
+                     "test or train[80%:]).")
+  return ImageClassification(task_config, seed=config.loop.seed)
+
+
+def configs(**fields):
+  """(engine Config, ImageClassificationConfig) from flat flag names.
+
+  What `python -m engine.main --name=value ...` builds, for Python callers:
+
+      config, image = configs(model="small_cnn", train_steps=100)
+      engine.run(ImageClassification(image, seed=config.loop.seed), config)
+
+  Raises:
+    ConfigError: an unknown name or a bad value.
+  """
+  from engine.config import Config  # pylint: disable=g-import-not-at-top
+  names = {f.name for f in dataclasses.fields(ImageClassificationConfig)}
+  image = ImageClassificationConfig(
+      **{k: v for k, v in fields.items() if k in names})
+  return Config.create(**{k: v for k, v in fields.items() if k not in names}
+                       ), image
