@@ -31,53 +31,85 @@ def make_replica_eval_step(task: Task, model, metrics) -> Callable:
   return eval_step
 
 
-def make_eval_loop(strategy: tf.distribute.Strategy, eval_step, width: int):
+def make_eval_loop(strategy: tf.distribute.Strategy, eval_step, width: int,
+                   until_end: bool):
   """Compiles one pass over a distributed iterator into one host call.
 
+  Args:
+    until_end: read until the data end (a data set each worker reads its
+      own share of, FILE sharding) instead of exactly `batches` batches.
+
   Returns:
-    eval_loop(iterator, max_batches) -> float32 [width]: the pass's global
-    sums (loss, examples, metrics...).
+    eval_loop(iterator, batches) -> float32 [width]: the pass's global sums
+    (loss, examples, metrics...).
   """
+  def add(totals, features, labels):
+    per_replica = strategy.run(eval_step, args=(features, labels))
+    return totals + strategy.reduce(_SUM, per_replica, axis=None)
+
   @tf.function
-  def eval_loop(iterator, max_batches):
+  def to_the_end(iterator, batches):
     totals = tf.zeros([width], tf.float32)
-    for _ in tf.range(max_batches):
+    for _ in tf.range(batches):
       # The pass ends on every worker at the same batch: on multi_worker
-      # `has_value` is all-reduced over the workers, and one that has run out
-      # gets an empty batch meanwhile, so no worker waits for a collective
-      # its peers never join.
+      # `has_value` is all-reduced over the workers, and one that has run
+      # out gets an empty batch meanwhile, so no worker waits for a
+      # collective its peers never join.
       optional = iterator.get_next_as_optional()
       if not optional.has_value():
         break
-      features, labels = optional.get_value()
-      per_replica = strategy.run(eval_step, args=(features, labels))
-      totals += strategy.reduce(_SUM, per_replica, axis=None)
+      totals = add(totals, *optional.get_value())
     return totals
-  return eval_loop
+
+  @tf.function
+  def exactly(iterator, batches):
+    totals = tf.zeros([width], tf.float32)
+    for _ in tf.range(batches):
+      totals = add(totals, *next(iterator))
+    return totals
+
+  return to_the_end if until_end else exactly
 
 
 class Evaluator:
-  """Evaluates a model over one finite data set, as often as asked."""
+  """Evaluates a model over one finite data set, as often as asked.
+
+  Every worker reads the same global batches (DATA sharding) unless the
+  task's data set says FILE. With DATA one iterator over the data repeated
+  serves every pass, each exactly ceil(examples / global batch) batches:
+  making a distributed iterator costs about 80 ms and 4.5 KB that are never
+  given back (measured: +11 MB over 2,500 passes), which a long run with
+  frequent evaluations would pay each time. With FILE the workers' shares
+  differ in size, so each pass takes a new iterator and reads to the end.
+  """
 
   def __init__(self, strategy, task: Task, model, metrics,
                dataset: tf.data.Dataset, num_examples: int,
-               watch=hang.unbounded):
-    self._dataset = strategy.experimental_distribute_dataset(dataset)
+               global_batch: int, watch=hang.unbounded):
     self.names = ("loss", "examples") + tuple(name for name, _ in metrics)
-    self._loop = make_eval_loop(
-        strategy, make_replica_eval_step(task, model, metrics),
-        len(self.names))
-    # An upper bound only; the pass ends when the data do. Each step uses at
-    # least one real example somewhere, even when FILE sharding gives the
-    # workers different numbers of batches, so n + 1 steps always see the end.
-    self._max_batches = tf.constant(num_examples + 1, tf.int32)
+    step = make_replica_eval_step(task, model, metrics)
+    policy = dataset.options().experimental_distribute.auto_shard_policy
+    self._until_end = policy == tf.data.experimental.AutoShardPolicy.FILE
+    self._loop = make_eval_loop(strategy, step, len(self.names),
+                                self._until_end)
+    if self._until_end:
+      self._dataset = strategy.experimental_distribute_dataset(dataset)
+      self._iterator = None
+      # An upper bound only; the pass ends when the data do. Each step uses
+      # at least one real example somewhere, so n + 1 steps see the end.
+      self._batches = tf.constant(num_examples + 1, tf.int32)
+    else:
+      self._iterator = iter(strategy.experimental_distribute_dataset(
+          dataset.repeat()))
+      self._batches = tf.constant(-(-num_examples // global_batch), tf.int32)
     self.num_examples = num_examples
     self._watch = watch  # engine/distribute/hang.py's bound for a pass
 
   def evaluate(self) -> Dict[str, float]:
     """One pass: {"eval_loss", "eval_examples", "eval_<metric>", ...}."""
+    iterator = (iter(self._dataset) if self._until_end else self._iterator)
     with self._watch("eval", self.num_examples):
-      sums = self._loop(iter(self._dataset), self._max_batches).numpy()
+      sums = self._loop(iterator, self._batches).numpy()
     count = int(sums[1])
     if count != self.num_examples:
       raise RuntimeError(f"evaluated {count} examples, expected "

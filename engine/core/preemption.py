@@ -12,9 +12,11 @@ stops everyone after host call k, one noted later after host call k + 1.
 The k-th exchange of every worker is the same collective because host calls
 are aligned: every worker computes the same schedule (`Hook.next_stop`
 depends only on the step and the config, and all resume from the chief's
-checkpoint). On one_device and mirrored the same exchange sums the local
-replicas' copies of the one flag, so the agreement is local and the code path
-the same.
+checkpoint). With one worker (one_device, mirrored) the agreement is the
+local flag itself and no exchange runs: every call of a tf.function that
+holds a collective leaves about 1.6 KB behind in TensorFlow 2.21 (measured in
+docs/design.md, "Memory over hours"), so a collective that decides nothing
+is not worth its call.
 
 Why not `tf.distribute.experimental.PreemptionCheckpointHandler`: it counts
 its own `run` calls (one step each; ours run a variable number of steps), adds
@@ -23,7 +25,7 @@ CheckpointManagers (`max_to_keep=1`, its own non-chief directories, no
 `run.json`), handles SIGTERM but not SIGINT, and exits the process from inside
 the save. Matching all that to this loop would be more code than the
 exchange, which costs one scalar all-reduce per host call (measured in
-README).
+benchmarks/RESULTS.md).
 """
 import signal
 from typing import Optional
@@ -62,8 +64,9 @@ class StopAgreement:
       watch: engine/hang.py's bound for the exchange.
     """
     self._watch = watch
+    workers = getattr(strategy.extended, "_num_workers", 1)
     self._exchange = (step.make_stop_exchange(strategy, distribution)
-                      if enabled else None)
+                      if enabled and workers > 1 else None)
     self._signal = None
     self._resource = None  # why engine/resources.py asked to stop
     # Set when the agreed stop is for a resource on any worker.

@@ -269,8 +269,8 @@ def _make_hooks(task: Task, config: Config, setup: _Setup, state: _State,
                             config.data.batch_size_per_replica,
                             state.optimizer, state.model.trainable_variables,
                             setup.replicas)
-  hook_list = [*report_hooks, *extra, eval_hook, comm_hook, resource_hook,
-               ckpt_hook]
+  hook_list = [*report_hooks, *extra, eval_hook, comm_hook,
+               memory.TrimHook(setup.malloc_tuned), resource_hook, ckpt_hook]
   return hook_list, [ckpt_hook.close, lambda: reporting.close(hook_list)]
 
 
@@ -295,7 +295,8 @@ def _eval_hook(task, config, setup, state, watch, on_result):
                f"{every} steps" if every else
                f"epoch ({state.data.steps_per_epoch} steps)")
   evaluator = evaluate.Evaluator(setup.strategy, task, state.model,
-                                 state.metrics, dataset, num_examples, watch)
+                                 state.metrics, dataset, num_examples,
+                                 setup.global_batch, watch)
   return evaluate.EvalHook(evaluator, every or state.data.steps_per_epoch,
                            state.total_steps, on_result, keys=keys)
 
