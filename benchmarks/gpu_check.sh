@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 6 on one GPU, under 8 minutes: MobileNetV2 at 224x224, batch 64 and
 # 256, with and without mixed precision and XLA (images/s from summary.json's
-# steady-state examples_per_sec), then bench_allreduce on the GPU(s).
+# steady-state examples_per_sec), then benchmarks.allreduce on the GPU(s).
 #
 #   bash benchmarks/gpu_check.sh [python] [out_dir]
 #
@@ -37,6 +37,6 @@ for name in sorted(os.listdir(out)):
     s = json.load(open(path))
     print("%-34s %12.1f" % (name, s["examples_per_sec"] or float("nan")))
 PYEOF
-echo "== bench_allreduce on the GPU(s)"
-timeout 120 "$PY" -m engine.bench_allreduce --workers=0 --iters=10 \
-  2>&1 | grep -v "^[WI]0000" | tee "$OUT/bench_allreduce.txt"
+echo "== benchmarks.allreduce on the GPU(s)"
+timeout 120 "$PY" -m benchmarks.allreduce --workers=0 --iters=10 \
+  2>&1 | grep -v "^[WI]0000" | tee "$OUT/allreduce.txt"

@@ -11,6 +11,7 @@ kept. Prints a table and the two ratios the engine must reach (>= 1.10x fit,
 setting (engine/memory.py), so the ratios compare the loops alone.
 """
 import json
+import os
 import sys
 import tempfile
 import time
@@ -18,7 +19,7 @@ import time
 from absl import app
 from absl import flags
 
-from benchmarks.variants import best_rates
+from benchmarks.variants import best_results
 
 flags.DEFINE_enum("variant", None, ["engine", "fit", "minimal"],
                   "Internal: run one variant in this process.")
@@ -30,6 +31,10 @@ flags.DEFINE_integer("batch_size_per_replica", 64, "Per-replica batch.")
 flags.DEFINE_integer("cpu_devices", 2, "Logical CPU devices (replicas).")
 flags.DEFINE_string("model", "mobilenet_v2", "Model.")
 flags.DEFINE_integer("steps_per_loop", 10, "Engine steps per host call.")
+flags.DEFINE_string("baseline_tree", "",
+                    "Also run the engine from this checkout (e.g. a worktree "
+                    "of the commit before a change) as variant engine_before, "
+                    "side by side with this one.")
 FLAGS = flags.FLAGS
 
 
@@ -157,9 +162,15 @@ def child():
 
 def parent():
   variants = ["engine", "fit", "minimal"]
-  passthrough = [a for a in sys.argv[1:] if not a.startswith("--rounds")]
-  best = best_rates("benchmarks.throughput", variants, FLAGS.rounds,
-                    passthrough)
+  trees = {}
+  if FLAGS.baseline_tree:
+    variants.append("engine_before")
+    trees["engine_before"] = ("engine", os.path.abspath(FLAGS.baseline_tree))
+  passthrough = [a for a in sys.argv[1:] if not a.startswith(
+      ("--rounds", "--baseline_tree"))]
+  best = {v: r["rate"] for v, r in best_results(
+      "benchmarks.throughput", variants, FLAGS.rounds, passthrough,
+      trees).items()}
   print(f"\n{FLAGS.model} {FLAGS.image_size}x{FLAGS.image_size}, "
         f"MirroredStrategy on {FLAGS.cpu_devices} logical CPUs, "
         f"{FLAGS.batch_size_per_replica} per replica, {FLAGS.steps} timed "
@@ -171,6 +182,10 @@ def parent():
   print(f"engine/fit = {best['engine'] / best['fit']:.3f} (target >= 1.10); "
         f"engine/minimal = {best['engine'] / best['minimal']:.3f} "
         "(target >= 0.98)")
+  if FLAGS.baseline_tree:
+    print(f"engine/engine_before = "
+          f"{best['engine'] / best['engine_before']:.3f} (target >= 0.98; "
+          f"before: {FLAGS.baseline_tree})")
 
 
 def main(argv):

@@ -1,0 +1,182 @@
+"""Soak test: does a long run keep its threads and memory flat?
+
+Trains the default job shape (small_cnn, 32x32 synthetic images, 32 examples
+per replica) for a wall time, first on `mirrored` with 2 logical CPUs, then on
+2 workers through `engine.launch`, with periodic checkpoints, TensorBoard
+summaries and evaluations on, so each of them would show a leak. Every
+`--sample_seconds` it prints, per training process, its threads, resident
+memory (RSS), open files and examples/s since the last sample. At the end it
+sends SIGTERM (the run saves a checkpoint and exits 75) and judges each
+process:
+
+  threads  stay within +10 of the count at the first sample (minute 1);
+  RSS      grows less than 5% from the second sample (minute 2) to the end.
+
+Exit status 0 when every process passes.
+
+  python -m benchmarks.soak [--minutes=10] [--sample_seconds=60]
+      [--setups=mirrored,multi_worker] [-- more engine flags]
+"""
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from engine.distribute import resources
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+THREAD_SLACK = 10
+RSS_GROWTH = 0.05
+# "... hooks.py:46] step 1200/100000000 | loss ..." (with "[worker 0] " first
+# under the launcher).
+_STEP = re.compile(r"\] step (\d+)/\d+ \|")
+_PID = re.compile(r"^launcher: worker (\d+) pid (\d+):")
+BATCH_PER_REPLICA = 32
+GLOBAL_BATCH = 64
+
+JOB = ["--model=small_cnn", "--image_size=32",
+       f"--batch_size_per_replica={BATCH_PER_REPLICA}",
+       "--train_steps=1000000000", "--noprogress", "--log_every=100",
+       "--checkpoint_every=2000", "--summary_every=100",
+       "--eval_split=train[:512]", "--eval_every=2000", "--noexport"]
+
+
+def judge(samples, thread_slack: int = THREAD_SLACK,
+          rss_growth: float = RSS_GROWTH):
+  """(passed, reason) for one process's samples [(threads, rss_mib), ...].
+
+  Threads are compared with the first sample, RSS with the second: the
+  first minute includes tracing and the allocator's warm-up.
+  """
+  if len(samples) < 3:
+    return False, f"only {len(samples)} samples; run longer"
+  threads0, rss1 = samples[0][0], samples[1][1]
+  threads_max = max(t for t, _ in samples)
+  rss_end = samples[-1][1]
+  growth = rss_end / rss1 - 1.0
+  ok_threads = threads_max <= threads0 + thread_slack
+  ok_rss = growth < rss_growth
+  reason = (f"threads {threads0} -> max {threads_max} "
+            f"({'ok' if ok_threads else 'FAIL'}: limit +{thread_slack}); "
+            f"RSS {rss1:.0f} -> {rss_end:.0f} MiB ({growth:+.1%}, "
+            f"{'ok' if ok_rss else 'FAIL'}: limit +{rss_growth:.0%})")
+  return ok_threads and ok_rss, reason
+
+
+class _Output:
+  """Reads a child's output lines: the last step and the workers' pids."""
+
+  def __init__(self, proc, log):
+    self.step = 0
+    self.pids = {}
+    self._proc, self._log = proc, log
+    self._thread = threading.Thread(target=self._read, daemon=True)
+    self._thread.start()
+
+  def _read(self):
+    for line in self._proc.stdout:
+      self._log.write(line)
+      m = _STEP.search(line)
+      if m:
+        self.step = int(m[1])
+      m = _PID.match(line)
+      if m:
+        self.pids[int(m[1])] = int(m[2])
+
+  def join(self):
+    self._thread.join(30)
+
+
+def soak(setup: str, minutes: float, sample_seconds: float, extra, log_dir):
+  """Runs one setup; returns [(name, passed, reason)]."""
+  model_dir = tempfile.mkdtemp(prefix=f"soak_{setup}_")
+  flags = JOB + [f"--model_dir={model_dir}", *extra]
+  if setup == "mirrored":
+    cmd = [sys.executable, "-m", "engine.main", "--strategy=mirrored",
+           "--cpu_devices=2", *flags]
+  else:
+    cmd = [sys.executable, "-m", "engine.launch", "--num_workers=2", "--",
+           *flags]
+  log_path = os.path.join(log_dir, f"{setup}.log")
+  print(f"\n== {setup}: {' '.join(cmd)}\n   log: {log_path}", flush=True)
+  with open(log_path, "w") as log:
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    out = _Output(proc, log)
+    try:
+      names = (["mirrored"] if setup == "mirrored" else
+               ["worker 0", "worker 1"])
+      samples = {n: [] for n in names}
+      start = time.monotonic()
+      last_step, last_time = 0, start
+      print(f"{'min':>5} {'process':>9} {'threads':>8} {'RSS MiB':>9} "
+            f"{'files':>6} {'examples/s':>11}", flush=True)
+      for k in range(1, int(minutes * 60 / sample_seconds) + 1):
+        time.sleep(max(0.0, start + k * sample_seconds - time.monotonic()))
+        if proc.poll() is not None:
+          raise RuntimeError(f"{setup} ended early with {proc.returncode}; "
+                             f"see {log_path}")
+        now, step = time.monotonic(), out.step
+        rate = (step - last_step) * GLOBAL_BATCH / (now - last_time)
+        last_step, last_time = step, now
+        for name in names:
+          pid = (proc.pid if setup == "mirrored" else
+                 out.pids.get(int(name.split()[1])))
+          use = resources.usage(str(pid)) if pid else None
+          if use is None:
+            raise RuntimeError(f"cannot read {name}'s /proc entry")
+          samples[name].append((use.threads, use.rss_mib))
+          print(f"{k * sample_seconds / 60:5.1f} {name:>9} {use.threads:8d} "
+                f"{use.rss_mib:9.1f} {use.open_files:6d} {rate:11.1f}",
+                flush=True)
+    finally:
+      if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)  # saves a checkpoint, exits 75
+      try:
+        code = proc.wait(120)
+      except subprocess.TimeoutExpired:
+        proc.kill()
+        code = proc.wait(10)
+      out.join()
+  print(f"   {setup} stopped with exit code {code} at step {out.step}",
+        flush=True)
+  results = []
+  for name in names:
+    passed, reason = judge(samples[name])
+    results.append((f"{setup} {name}" if setup != "mirrored" else name,
+                    passed and code == 75, reason +
+                    ("" if code == 75 else f"; exit code {code}, want 75")))
+  return results
+
+
+def main(argv=None):
+  argv = sys.argv[1:] if argv is None else argv
+  ours, extra = ((argv[:argv.index("--")], argv[argv.index("--") + 1:])
+                 if "--" in argv else (argv, []))
+  parser = argparse.ArgumentParser(prog="python -m benchmarks.soak")
+  parser.add_argument("--minutes", type=float, default=10.0)
+  parser.add_argument("--sample_seconds", type=float, default=60.0)
+  parser.add_argument("--setups", default="mirrored,multi_worker")
+  args = parser.parse_args(ours)
+  setups = args.setups.split(",")
+  for s in setups:
+    if s not in ("mirrored", "multi_worker"):
+      parser.error(f"--setups: unknown setup {s!r}; use mirrored, "
+                   "multi_worker.")
+  log_dir = tempfile.mkdtemp(prefix="soak_logs_")
+  results = []
+  for setup in setups:
+    results += soak(setup, args.minutes, args.sample_seconds, extra, log_dir)
+  print()
+  for name, passed, reason in results:
+    print(f"{'PASS' if passed else 'FAIL'} {name}: {reason}")
+  return 0 if all(p for _, p, _ in results) else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())
