@@ -17,9 +17,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import run_job, tiny_config
-from engine.core import checkpoint, hooks, step
+from conftest import run_job, tiny_config, train_batches
+from engine.core import checkpoint, hooks, run, step
+from engine.core.optimizers import create_optimizer
 from engine.distribute import devices
+from engine.task import metric_fns
 from engine import launch as launcher
 from test_multi_worker import (_kill, _launched_pid, _start, _wait_for, launch,
                                lr, tiny_flags)
@@ -34,11 +36,27 @@ FLAGS = dict(optimizer="adam", learning_rate=lr("adam"), steps_per_loop=5,
 @pytest.mark.parametrize("kw,replicas", [
     (dict(strategy="one_device"), 1), (dict(cpu_devices=2), 2),
     (dict(cpu_devices=4, cross_device_ops="ring"), 4)])
-def test_stop_exchange_sums_every_replica(kw, replicas):
-  config = tiny_config(**kw)
-  exchange = step.make_stop_exchange(devices.make_strategy(config), config)
-  assert float(exchange(tf.constant(0.0))) == 0.0
-  assert float(exchange(tf.constant(1.0))) == replicas
+def test_host_call_sums_every_replicas_vote(kw, replicas):
+  """The votes ride in the loop's end-of-call all-reduce (on multi_worker;
+  here the same code sums the local replicas)."""
+  job = tiny_config(**kw)
+  config = job.config
+  strategy = devices.make_strategy(config.distribution)
+  task = job.task()
+  with strategy.scope():
+    model = run.build_model(task, config)
+    optimizer = create_optimizer(config.optimization)
+    optimizer.build(model.trainable_variables)
+  metrics = metric_fns(task)
+  loop = step.make_train_loop(strategy, step.make_replica_step(
+      task, model, optimizer, metrics, distribution=config.distribution,
+      optimization=config.optimization, batch_size_per_replica=8),
+      step.row_names(metrics), exchange_votes=True)
+  iterator = iter(strategy.experimental_distribute_dataset(
+      train_batches(job, 8 * replicas)[0]))
+  for vote in (0.0, 1.0, 2.0 ** 16):
+    rows, votes = loop(iterator, tf.constant(2), tf.constant(vote))
+    assert rows.shape[0] == 2 and float(votes) == vote * replicas
 
 
 class _SignalAt(hooks.Hook):

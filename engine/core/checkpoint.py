@@ -126,8 +126,8 @@ class CheckpointHook(Hook):
   """Saves every `--checkpoint_every` steps, at the end, and on preemption.
 
   Preemption (SIGTERM/SIGINT on any worker) is decided by `stop`, an
-  `engine.preemption.StopAgreement`, after every host call on every worker,
-  so all workers save at the same step.
+  `engine.core.preemption.StopAgreement`, after every host call on every
+  worker, so all workers save at the same step.
   """
 
   def __init__(self, checkpointer: Checkpointer, every_steps: int, stop):
@@ -140,7 +140,7 @@ class CheckpointHook(Hook):
     return every(self._every, step)
 
   def after_loop(self, step, rows, seconds):
-    reason = self._stop.should_stop(step)
+    reason = self._stop.should_stop(step, rows.votes)
     if (self._every and step % self._every == 0) or reason:
       self._save(step)
     if reason and self._stop.for_resource:

@@ -15,12 +15,15 @@ class Rows:
   """The steps of one host call, by name: `rows["loss"]` is one value per step.
 
   Columns: "loss" and each task metric (means over the step's examples),
-  "examples" (the step's example count) and "grad_norm".
+  "examples" (the step's example count) and "grad_norm". `votes`: the stop
+  votes the call summed over the workers (engine/core/preemption.py).
   """
 
-  def __init__(self, names: Sequence[str], values: np.ndarray):
+  def __init__(self, names: Sequence[str], values: np.ndarray,
+               votes: float = 0.0):
     self.names = tuple(names)
     self.values = values  # float32 [steps, len(names)]
+    self.votes = votes
 
   def __getitem__(self, name: str) -> np.ndarray:
     return self.values[:, self.names.index(name)]

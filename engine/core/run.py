@@ -119,6 +119,8 @@ def run(task: Task, config: Config, *, hooks: Sequence[Hook] = ()) -> Result:
   """
   setup = _set_up(config)
   state = _build_state(task, config, setup)
+  if state.start_step >= state.total_steps:
+    return _nothing_to_train(config, setup, state)
   # One thread bounds every call that can wait on peers; no collective has a
   # timeout of its own (engine/distribute/hang.py).
   with hang.bounded_calls(
@@ -126,10 +128,12 @@ def run(task: Task, config: Config, *, hooks: Sequence[Hook] = ()) -> Result:
       config.distribution.init_timeout,
       peer_messages=cluster.peer_messages(),
       name_stuck=cluster.stuck_peers_line) as watch:
-    hook_list, closers = _make_hooks(task, config, setup, state, watch, hooks)
+    stop = preemption.StopAgreement(exchanged=_exchanged(config, setup))
+    hook_list, closers = _make_hooks(task, config, setup, state, watch, hooks,
+                                     stop)
     try:
       history, steady = _loop(state, config.loop.steps_per_loop, hook_list,
-                              watch)
+                              watch, stop)
     finally:
       for close in closers:
         close()
@@ -138,6 +142,30 @@ def run(task: Task, config: Config, *, hooks: Sequence[Hook] = ()) -> Result:
     for h in hook_list:
       h.end(summary)
   return _finish(task, config, setup, state, summary, history)
+
+
+def _nothing_to_train(config: Config, setup: _Setup, state: _State) -> Result:
+  """A finished run started again: says so, writes nothing, trains nothing.
+
+  Every worker resumed from the same checkpoint, so all of them return here,
+  and no collective runs. The Result holds the earlier summary.json.
+  """
+  model_dir = config.checkpoints.model_dir
+  logging.warning(
+      "nothing to train: %s already holds step %d of %d; start over with a "
+      "new --model_dir, or train further with a larger --train_steps or "
+      "--epochs.", model_dir, state.start_step, state.total_steps)
+  cluster.stop_watchdog()
+  summary = {}
+  path = os.path.join(model_dir, "summary.json")
+  if os.path.exists(path):
+    with open(path) as f:
+      summary = json.load(f)
+  if not setup.chief:
+    shutil.rmtree(setup.output_dir, ignore_errors=True)
+  return Result(summary, {n: np.zeros(0, np.float32) for n in state.names},
+                [np.array(v.numpy()) for v in state.model.trainable_variables],
+                0, state.model)
 
 
 def _set_up(config: Config) -> _Setup:
@@ -212,7 +240,7 @@ def _build_state(task: Task, config: Config, setup: _Setup) -> _State:
           distribution=config.distribution,
           optimization=config.optimization,
           batch_size_per_replica=config.data.batch_size_per_replica),
-      names)
+      names, exchange_votes=_exchanged(config, setup))
   return _State(model, optimizer, checkpointer, metrics, names, data,
                 iterator, train_loop, start_step, total_steps)
 
@@ -248,15 +276,18 @@ def _dtype_policy(mixed_precision: str):
     keras.config.set_dtype_policy(before)
 
 
+def _exchanged(config: Config, setup: _Setup) -> bool:
+  """Whether host calls sum the workers' stop votes (engine/core/preemption)."""
+  return config.checkpoints.preemption_sync and setup.workers > 1
+
+
 def _make_hooks(task: Task, config: Config, setup: _Setup, state: _State,
-                watch, extra: Sequence[Hook]):
+                watch, extra: Sequence[Hook], stop):
   """The run's hooks in the order they act, and what to close at the end."""
-  stop = preemption.StopAgreement(setup.strategy, config.distribution,
-                                  enabled=config.checkpoints.preemption_sync,
-                                  watch=watch)
   ckpt_hook = checkpoint.CheckpointHook(
       state.checkpointer, config.checkpoints.checkpoint_every, stop)
-  # Before the checkpoint hook: a stop it asks for is exchanged at once.
+  # Before the checkpoint hook: on one worker a stop it asks for is acted on
+  # at once; on several, the next host call carries it.
   resource_hook = resources.ResourceHook(stop.request_stop)
   report_hooks = reporting.make_hooks(
       config.reporting, chief=setup.chief, output_dir=setup.output_dir,
@@ -301,7 +332,7 @@ def _eval_hook(task, config, setup, state, watch, on_result):
                            state.total_steps, on_result, keys=keys)
 
 
-def _loop(state: _State, steps_per_loop: int, hook_list, watch):
+def _loop(state: _State, steps_per_loop: int, hook_list, watch, stop):
   """Calls the compiled loop until the last step, handing each call to hooks.
 
   The first call runs a single step: it includes tracing, so it is left out of
@@ -311,19 +342,20 @@ def _loop(state: _State, steps_per_loop: int, hook_list, watch):
   Returns:
     (history: {name: values per step}, (steady examples, steady seconds)).
   """
-  values, done = [np.zeros((0, len(state.names)), np.float32)], state.start_step
+  history, done = _History(len(state.names)), state.start_step
   steady_examples, steady_seconds = 0.0, 0.0
   loss_at = state.names.index("loss")
   norm_at = state.names.index("grad_norm")
   while done < state.total_steps:
-    stop = min([state.total_steps, done + steps_per_loop] +
-               [h.next_stop(done) for h in hook_list])
-    n = 1 if done == state.start_step else int(stop - done)
+    end = min([state.total_steps, done + steps_per_loop] +
+              [h.next_stop(done) for h in hook_list])
+    n = 1 if done == state.start_step else int(end - done)
+    vote = stop.vote()
     start = time.perf_counter()
     with watch("train", n):
-      out = _host_call(state, n, first=done == state.start_step)
+      out, votes = _host_call(state, n, vote, first=done == state.start_step)
     seconds = time.perf_counter() - start
-    rows = Rows(state.names, out)
+    rows = Rows(state.names, out, votes)
     if done > state.start_step:
       steady_examples += float(rows["examples"].sum())
       steady_seconds += seconds
@@ -336,21 +368,45 @@ def _loop(state: _State, steps_per_loop: int, hook_list, watch):
     done += n
     for h in hook_list:
       h.after_loop(done, rows, seconds)
-    values.append(out)
-  history = np.concatenate(values)
-  return ({name: history[:, k] for k, name in enumerate(state.names)},
+    history.add(out)
+  values = history.values()
+  return ({name: values[:, k] for k, name in enumerate(state.names)},
           (steady_examples, steady_seconds))
 
 
-def _host_call(state: _State, n: int, first: bool) -> np.ndarray:
-  """One call of the compiled loop; [n, columns] on the host.
+class _History:
+  """Every step's row in one float32 array that doubles when full: 4 bytes
+  per value and step, and no Python object per host call."""
+
+  def __init__(self, width: int):
+    self._rows = np.zeros((1024, width), np.float32)
+    self._size = 0
+
+  def add(self, rows: np.ndarray) -> None:
+    end = self._size + len(rows)
+    if end > len(self._rows):
+      grown = np.zeros((max(end, 2 * len(self._rows)), self._rows.shape[1]),
+                       np.float32)
+      grown[:self._size] = self._rows[:self._size]
+      self._rows = grown
+    self._rows[self._size:end] = rows
+    self._size = end
+
+  def values(self) -> np.ndarray:
+    return self._rows[:self._size]
+
+
+def _host_call(state: _State, n: int, vote: float, first: bool):
+  """One call of the compiled loop: ([n, columns], summed votes) on the host.
 
   The first call traces the step. A task mistake that only shows when the
   step runs (a label outside the model's classes, say) fails there, and is
   reported as the task's, in one line, before anything was trained.
   """
   try:
-    return state.train_loop(state.iterator, tf.constant(n, tf.int32)).numpy()
+    rows, votes = state.train_loop(state.iterator, tf.constant(n, tf.int32),
+                                   tf.constant(vote, tf.float32))
+    return rows.numpy(), float(votes)
   except tf.errors.InvalidArgumentError as e:
     if not first:
       raise
@@ -365,8 +421,8 @@ def _summarize(task, config, setup, state, history, steady) -> dict:
   """summary.json's keys; hooks add theirs in `end`."""
   reporting_config = config.reporting
   collectives = comm.collectives_per_step(
-      state.train_loop.get_concrete_function(state.iterator,
-                                             tf.constant(1, tf.int32)),
+      state.train_loop.get_concrete_function(
+          state.iterator, tf.constant(1, tf.int32), tf.constant(0.0)),
       len(setup.strategy.extended.worker_devices))
   loss = history["loss"]
   last = lambda a: float(a[-1]) if len(a) else None

@@ -16,9 +16,10 @@ import keras
 import tensorflow as tf
 
 from engine.config import DistributionConfig, OptimizationConfig
+from engine.core.checks import checked_loss, checked_metric
 from engine.core.optimizers import uses_loss_scaling
 from engine.distribute.devices import communication_options
-from engine.task import Task, checked_loss, checked_metric
+from engine.task import Task
 
 _SUM = tf.distribute.ReduceOp.SUM
 # --grad_compression: the dtype gradients have on the wire (None: float32).
@@ -246,27 +247,33 @@ def means(sums: tf.Tensor, names: Sequence[str]) -> tf.Tensor:
 
 
 def make_train_loop(strategy: tf.distribute.Strategy, replica_step: Callable,
-                    names: Sequence[str]) -> Callable:
+                    names: Sequence[str], exchange_votes: bool) -> Callable:
   """Compiles `num_steps` steps into one host call.
 
   Each step's only collective is the gradient all-reduce in the replica step.
   The per-step rows of sums stay on their replicas during the call and are
   summed across all replicas and workers once at its end, in one all-reduce
-  of a [num_steps, len(names)] tensor: a collective per step costs a fixed
-  transport overhead and one more point where every worker waits for the
-  slowest.
+  of a [num_steps + 1, len(names)] tensor: a collective per step costs a
+  fixed transport overhead and one more point where every worker waits for
+  the slowest. The extra row carries each replica's stop vote (its host's
+  SIGTERM/SIGINT or resource flag, engine/core/preemption.py) when
+  `exchange_votes`: the agreement to stop rides in the same all-reduce, so a
+  host call is one collective tf.function call (TensorFlow 2.21 keeps about
+  1.6 KB per such call; docs/design.md).
 
   Returns:
-    train_loop(iterator, num_steps) -> float32 [num_steps, len(names)]: per
-    step, the global means of `names` over the step's examples (the example
-    count and gradient norm as they are). `num_steps` is a tensor and the
-    loop is a `tf.range`, so any step count reuses one trace.
+    train_loop(iterator, num_steps, vote) -> (float32 [num_steps,
+    len(names)]: per step, the global means of `names` over the step's
+    examples (the example count and gradient norm as they are); float32
+    scalar: the votes summed over all replicas, or `vote` itself without
+    `exchange_votes`). `num_steps` is a tensor and the loop is a `tf.range`,
+    so any step count reuses one trace.
   """
   local_replicas = len(strategy.extended.worker_devices)
   width = len(names)
 
   @tf.function
-  def train_loop(iterator, num_steps):
+  def train_loop(iterator, num_steps, vote):
     # One array per replica of this worker, written by that replica's step.
     rows = [tf.TensorArray(tf.float32, size=num_steps,
                            element_shape=[width])
@@ -279,39 +286,14 @@ def make_train_loop(strategy: tf.distribute.Strategy, replica_step: Callable,
       per_replica = strategy.run(replica_step, args=(features, labels))
       rows = [r.write(i, v) for r, v in
               zip(rows, strategy.experimental_local_results(per_replica))]
-    stacked = [r.stack() for r in rows]
+    vote_row = tf.one_hot(0, width) * vote
+    stacked = [tf.concat([r.stack(), vote_row[None]], axis=0) for r in rows]
     # Replica ids run worker by worker, so a replica's local index is its id
     # modulo the local count; each replica hands in the rows it wrote.
     per_replica_rows = strategy.experimental_distribute_values_from_function(
         lambda ctx: stacked[ctx.replica_id_in_sync_group % local_replicas])
-    return means(strategy.reduce(_SUM, per_replica_rows, axis=None), names)
+    sums = strategy.reduce(_SUM, per_replica_rows, axis=None)
+    votes = sums[-1, 0] if exchange_votes else vote
+    return means(sums[:-1], names), votes
 
   return train_loop
-
-
-def make_stop_exchange(strategy: tf.distribute.Strategy,
-                       distribution: DistributionConfig) -> Callable:
-  """Compiles the per-host-call exchange of the "stop requested" flag.
-
-  Separate from the train loop and called once per host call, never per step
-  (see engine/core/preemption.py). Every replica contributes its host's flag
-  to one SUM all-reduce, so the result is positive on every worker as soon as
-  any worker asked to stop. (`ReduceOp` has no MAX; a sum > 0 is the same.)
-
-  Returns:
-    exchange(flag) -> float32 scalar: `flag` summed over all replicas.
-  """
-  options = communication_options(distribution)
-
-  def replica_flag(flag):
-    # The identity places the replica's copy on its device; the collective
-    # refuses a value that lives on no replica device.
-    return tf.distribute.get_replica_context().all_reduce(
-        _SUM, tf.identity(flag), options=options)
-
-  @tf.function
-  def exchange(flag):
-    total = strategy.run(replica_flag, args=(flag,))
-    return strategy.experimental_local_results(total)[0]
-
-  return exchange

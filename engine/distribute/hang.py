@@ -9,7 +9,7 @@ few thousand steps holds tens of thousands of threads and dies in
 `std::system_error` when the next one cannot be made. The engine therefore
 gives no collective a timeout (engine/devices.py) and bounds the calls
 instead: the loop opens a `watch` around every compiled call that can wait on
-peers (a training host call, the stop-flag exchange, an evaluation pass), and
+peers (a training host call, an evaluation pass), and
 this one thread aborts every collective of the process
 (`abort_collective_ops`) when a call outlives its bound. The call then raises
 at once, and `engine.main` prints `reason` as one line and exits with 3.
@@ -20,7 +20,7 @@ call may take what it is expected to compute plus `--collective_timeout`:
 
     bound = collective_timeout + 2 * units * (slowest seconds per unit seen)
 
-where the units are steps (training), examples (evaluation) or one exchange,
+where the units are steps (training) or examples (evaluation),
 and the slowest rate is taken over the earlier calls of the same kind except
 each kind's first, which includes graph optimisation, the collectives' group
 set-up and the input pipeline's warm-up. Until a kind has a rate, its bound is
@@ -108,7 +108,7 @@ class HangWatchdog:
     """Bounds the call made inside; learns its rate when it returns.
 
     Args:
-      kind: "train", "eval" or "exchange"; each kind has its own rate.
+      kind: "train" or "eval"; each kind has its own rate.
       units: steps or examples the call runs (its expected time scales).
     """
     bound = self.bound(kind, units)
@@ -166,8 +166,7 @@ def _overdue_line(kind: str, units: int, deadline: float,
                   allowance: str) -> str:
   del deadline
   what = {"train": f"a training host call of {units} step(s)",
-          "eval": f"an evaluation pass over {units} examples",
-          "exchange": "the stop-flag exchange"}.get(kind, kind)
+          "eval": f"an evaluation pass over {units} examples"}.get(kind, kind)
   return (f"{what} took longer than {allowance}: a collective is stuck; "
           "stopping.")
 
