@@ -8,8 +8,11 @@ STAMP := $(VENV)/.installed
 
 # The default job is sized to finish well under 3 minutes on 2 CPU cores:
 # small_cnn on 32x32 synthetic images, 2 logical CPU devices as replicas.
+# Each `make run` trains from scratch into its own runs/<time> directory (a
+# finished model_dir would have nothing left to train).
+RUN_DIR ?= runs/$(shell date +%Y%m%d-%H%M%S-%N)
 RUN_FLAGS ?= --model=small_cnn --dataset=synthetic --image_size=32 --cpu_devices=2 \
-	--epochs=8 --batch_size_per_replica=32 --log_every=20 --model_dir=/tmp/tfengine_run
+	--epochs=8 --batch_size_per_replica=32 --log_every=20 --model_dir=$(RUN_DIR)
 
 .PHONY: run test venv clean bench
 

@@ -214,7 +214,8 @@ def parse_flags(argv):
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:
-    fail(str(e), EXIT_BAD_INPUT)
+    # absl prefixes some messages ("ERROR:: Unable to open flagfile: ...").
+    fail(str(e).removeprefix("ERROR:: ").strip(), EXIT_BAD_INPUT)
 
 
 def fail(message: str, code: int = EXIT_BAD_INPUT):
@@ -239,15 +240,17 @@ def main(make_task: MakeTask, argv) -> None:
   if len(argv) > 1:
     fail(f"unexpected arguments {' '.join(argv[1:])}; flags look like "
          "--name=value.")
-  # Imported here: TensorFlow loads after the flags are parsed, and the
-  # engine's environment defaults (engine/__init__.py) are already set.
+  try:
+    config = config_from_flags()
+  except ConfigError as e:
+    fail(str(e), EXIT_BAD_INPUT)
+  # Imported only now: a bad flag is refused without loading TensorFlow, and
+  # the engine's environment defaults (engine/__init__.py) are already set.
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from engine.core import checkpoint  # pylint: disable=g-import-not-at-top
   from engine.core.run import run as run_task  # pylint: disable=g-import-not-at-top
   from engine.distribute import cluster, devices, resources  # pylint: disable=g-import-not-at-top
-  config = None
   try:
-    config = config_from_flags()
     # SIGTERM before the first step (from then on engine/core/preemption.py
     # only notes it, to save at an agreed step) exits through SystemExit, so
     # atexit clean-up (a non-chief's temporary directory) still runs.

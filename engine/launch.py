@@ -215,8 +215,17 @@ def launch_with_restarts(num_workers: int, engine_flags, cpu_pinning: bool,
   return code
 
 
+class _Parser(argparse.ArgumentParser):
+  """README's form for bad input: one `error:` line, exit 2 (no usage)."""
+
+  def error(self, message):
+    print(f"error: {message} (see python -m engine.launch --help)",
+          file=sys.stderr)
+    sys.exit(2)
+
+
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(
+  parser = _Parser(
       prog="python -m engine.launch",
       usage="%(prog)s --num_workers=N [--max_restarts=K] [--preempt_timeout=S] "
       "[--cpu_pinning] [--module=M | --script=PATH] "

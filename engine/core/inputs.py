@@ -21,8 +21,9 @@ from absl import logging
 import tensorflow as tf
 
 from engine.config import DataConfig
+from engine.core.checks import check_examples
 from engine.errors import ConfigError, flag_error
-from engine.task import Task, check_examples
+from engine.task import Task
 
 _DATA = tf.data.experimental.AutoShardPolicy.DATA
 # Per-epoch shuffle seeds: seed * _EPOCH_STRIDE + epoch never repeats.

@@ -17,13 +17,16 @@ import os
 from typing import Dict, Optional
 
 from absl import flags
-import tensorflow as tf
 
-import data
 import models
-from engine import classification, cli
+from engine import cli
 from engine.errors import flag_error
 from engine.task import Task
+
+# TensorFlow, `data` and engine.classification are imported where they are
+# used: this module (the flags, the config and its checks) loads without
+# TensorFlow, so `python -m engine.main` refuses a bad flag in a fraction of
+# a second.
 
 HELP = {
     "model": "mobilenet_v2 or small_cnn.",
@@ -94,11 +97,12 @@ class ImageClassification(Task):
     super().__init__(name="image_classification")
     self.config = config
     self._seed = seed
-    self._sources: Dict[str, data.Source] = {}
+    self._sources: Dict[str, "data.Source"] = {}
     self._patterns = None
 
-  def _source(self, split: str, workers: int = 1) -> Optional[data.Source]:
+  def _source(self, split: str, workers: int = 1) -> Optional["data.Source"]:
     """The split's Source, read once ("train" or "eval")."""
+    import data  # pylint: disable=g-import-not-at-top
     expression = (self.config.train_split if split == "train" else
                   self.config.eval_split)
     if not expression:
@@ -122,6 +126,7 @@ class ImageClassification(Task):
                                self.config.image_size)
 
   def build_inputs(self, split, context):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
     found = self._source(split, context.num_input_pipelines)
     if found is None:
       return None
@@ -150,9 +155,11 @@ class ImageClassification(Task):
                                 self.config.num_classes)
 
   def per_example_loss(self, labels, outputs):
+    from engine import classification  # pylint: disable=g-import-not-at-top
     return classification.cross_entropy()(labels, outputs)
 
   def build_metrics(self):
+    from engine import classification  # pylint: disable=g-import-not-at-top
     return classification.metrics(self.num_classes)
 
   def describe(self):
@@ -163,6 +170,7 @@ class ImageClassification(Task):
             "class_names": list(source.class_names)}
 
   def serving_outputs(self, outputs):
+    from engine import classification  # pylint: disable=g-import-not-at-top
     return classification.serving_outputs(outputs)
 
 
