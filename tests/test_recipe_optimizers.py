@@ -84,8 +84,9 @@ OPTIMIZERS = {
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_replicas_match_one_device(tmp_path, name):
   fields = dict(RECIPE, **OPTIMIZERS[name])
-  results = {r: train(tmp_path, r, batch_size_per_replica=GLOBAL_BATCH // 2 // r,
-                      **fields) for r in (1, 2, 4)}
+  # Global batch 16 = 2 micro-batches x replicas x per replica.
+  results = {r: train(tmp_path, r, batch_size_per_replica=GLOBAL_BATCH // 2
+                      // r, **fields) for r in (1, 2, 4)}
   ref = results[1]
   assert max(ref.history["grad_norm"]) > RECIPE["clip_global_norm"]
   assert ref.history["learning_rate"][0] == 0.0  # warmup from 0
@@ -112,8 +113,8 @@ def test_default_exclusion_spares_biases_and_normalization(tmp_path):
           optimizer="sgd", weight_decay=0.1,
           weight_decay_exclude=regex).optimization)
       optimizer.build(model.trainable_variables)
-      assert [v.path for v in model.trainable_variables
-              if optimizer._use_weight_decay(v)] == decayed  # pylint: disable=protected-access
+      uses = optimizer._use_weight_decay  # pylint: disable=protected-access
+      assert [v.path for v in model.trainable_variables if uses(v)] == decayed
   # And training applies it: one SGD update with and without decay differ
   # by lr x decay x the initial weight exactly where decay applies.
   lr, decay = 0.1, 0.5

@@ -1,4 +1,4 @@
-"""Learning-rate schedules: values by hand, TensorBoard, summary, resume, errors."""
+"""Learning-rate schedules: values by hand, TensorBoard, resume, bad input."""
 import json
 import logging
 import subprocess
