@@ -49,8 +49,11 @@ _ENUMS = {
     "optimizer": config_lib.OPTIMIZERS,
     "grad_compression": config_lib.GRAD_COMPRESSIONS,
     "mixed_precision": config_lib.MIXED_PRECISIONS,
+    "lr_schedule": config_lib.LR_SCHEDULES,
+    "lr_scaling": config_lib.LR_SCALINGS,
 }
-_LISTS = ("devices", "worker_hosts", "profile_steps")
+_LISTS = ("devices", "worker_hosts", "profile_steps", "lr_boundaries",
+          "lr_values")
 
 HELP = {
     # Distribution.
@@ -78,9 +81,37 @@ HELP = {
                       "1024; 0: the task's order).",
     "drop_remainder": "Drop each epoch's partial last batch.",
     # Optimization.
-    "optimizer": "Optimizer.",
-    "learning_rate": "Learning rate.",
-    "momentum": "SGD momentum.",
+    "optimizer": "Optimizer (Keras's, applying the engine's all-reduced "
+                 "gradients).",
+    "learning_rate": "Peak learning rate (before --lr_scaling).",
+    "momentum": "Momentum of sgd and rmsprop.",
+    "nesterov": "Nesterov momentum for --optimizer=sgd.",
+    "weight_decay": "Decoupled weight decay: each update first subtracts "
+                    "variable x this x the learning rate (0: none).",
+    "weight_decay_exclude": "Regular expression searched in variable paths "
+                            "(e.g. dense/bias); matching variables are not "
+                            "decayed. Default: biases and normalization "
+                            "gamma/beta.",
+    "clip_global_norm": "Clip the all-reduced mean gradient to this global "
+                        "norm (0: no clipping); grad_norm reports it before "
+                        "clipping.",
+    "lr_schedule": "Learning rate after warmup, by optimizer update: constant, "
+                   "cosine or linear (to 0 at the last step), exponential "
+                   "(--lr_decay_rate per --lr_decay_steps) or piecewise "
+                   "(--lr_boundaries, --lr_values).",
+    "warmup_steps": "Raise the learning rate linearly from 0 to its peak over "
+                    "this many updates.",
+    "warmup_epochs": "Warmup in epochs instead of --warmup_steps.",
+    "lr_scaling": "linear: the peak learning rate is --learning_rate (or "
+                  "--lr_values) x global batch / --base_batch_size.",
+    "base_batch_size": "The global batch --learning_rate is meant for "
+                       "(--lr_scaling=linear).",
+    "lr_boundaries": "piecewise: strictly increasing steps where the learning "
+                     "rate changes, e.g. 3000,6000.",
+    "lr_values": "piecewise: the learning rates, one more than "
+                 "--lr_boundaries, e.g. 0.1,0.01,0.001.",
+    "lr_decay_rate": "exponential: the factor per --lr_decay_steps updates.",
+    "lr_decay_steps": "exponential: updates per factor of --lr_decay_rate.",
     "grad_accum_steps": "Sum the gradients of K micro-batches of "
                         "--batch_size_per_replica locally, then all-reduce "
                         "and update once: one step of a K times larger batch.",
@@ -194,6 +225,10 @@ def config_from_flags(flag_values=flags.FLAGS) -> config_lib.Config:
     values[name] = value
   if "profile_steps" in values:
     values["profile_steps"] = _ints("profile_steps", values["profile_steps"])
+  if "lr_boundaries" in values:
+    values["lr_boundaries"] = _ints("lr_boundaries", values["lr_boundaries"])
+  if "lr_values" in values:
+    values["lr_values"] = _floats("lr_values", values["lr_values"])
   shadowed = sorted(set(config_lib.field_sections()) - set(_defined))
   if shadowed:
     logging.info("Your script defines --%s itself; the engine's field(s) of "
@@ -207,6 +242,14 @@ def _ints(flag, items):
   except ValueError as e:
     raise flag_error(flag, ",".join(items),
                      "must be integers, e.g. 10,20.") from e
+
+
+def _floats(flag, items):
+  try:
+    return tuple(float(v) for v in items)
+  except ValueError as e:
+    raise flag_error(flag, ",".join(items),
+                     "must be numbers, e.g. 0.1,0.01.") from e
 
 
 def parse_flags(argv):

@@ -13,6 +13,7 @@ of the first bad field; `Config` checks the combinations across sections.
 """
 import dataclasses
 import os
+import re
 from typing import Any, Dict, Optional, Tuple
 
 from engine.errors import ConfigError, flag_error
@@ -20,7 +21,13 @@ from engine.errors import ConfigError, flag_error
 STRATEGIES = ("one_device", "mirrored", "multi_worker")
 CROSS_DEVICE_OPS = ("auto", "nccl", "ring", "hierarchical_copy",
                     "reduce_to_one_device")
-OPTIMIZERS = ("adam", "sgd")
+OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop", "lion")
+LR_SCHEDULES = ("constant", "cosine", "linear", "exponential", "piecewise")
+LR_SCALINGS = ("none", "linear")
+# Decoupled weight decay spares biases and normalization scales and offsets
+# (Keras names them gamma and beta), matched on variable paths such as
+# "dense/bias" or "batch_normalization/gamma".
+WEIGHT_DECAY_EXCLUDE = r"(^|/)(bias|gamma|beta)$"
 GRAD_COMPRESSIONS = ("none", "fp16", "bf16")
 MIXED_PRECISIONS = ("none", "mixed_float16", "mixed_bfloat16")
 _COPY_OPS = ("hierarchical_copy", "reduce_to_one_device")
@@ -122,14 +129,93 @@ class OptimizationConfig:
   grad_accum_steps: int = 1  # micro-batches summed locally per all-reduce
   mixed_precision: str = "none"  # Keras dtype policy of the model
   jit_compile: bool = False  # XLA for the forward/backward pass
+  nesterov: bool = False  # sgd only
+  # Decoupled weight decay (Keras's `weight_decay`); 0 = none.
+  weight_decay: float = 0.0
+  weight_decay_exclude: str = WEIGHT_DECAY_EXCLUDE  # regex over variable paths
+  clip_global_norm: float = 0.0  # of the all-reduced gradient; 0 = off
+  # The learning-rate schedule (engine/core/schedules.py), in optimizer
+  # updates; cross-field checks that need the run's length happen there.
+  lr_schedule: str = "constant"
+  warmup_steps: int = 0
+  warmup_epochs: int = 0
+  lr_scaling: str = "none"  # linear: x global batch / base_batch_size
+  base_batch_size: int = 256
+  lr_boundaries: Tuple[int, ...] = ()  # piecewise: steps
+  lr_values: Tuple[float, ...] = ()  # piecewise: len(lr_boundaries) + 1
+  lr_decay_rate: float = 0.0  # exponential: factor per lr_decay_steps
+  lr_decay_steps: int = 0
 
   def __post_init__(self):
     _one_of("optimizer", self.optimizer, OPTIMIZERS)
     _one_of("mixed_precision", self.mixed_precision, MIXED_PRECISIONS)
-    _positive(self, "grad_accum_steps")
+    _one_of("lr_schedule", self.lr_schedule, LR_SCHEDULES)
+    _one_of("lr_scaling", self.lr_scaling, LR_SCALINGS)
+    _positive(self, "grad_accum_steps", "base_batch_size")
+    _non_negative(self, "warmup_steps", "warmup_epochs", "lr_decay_steps")
     _positive_float(self, "learning_rate")
     if not 0.0 <= self.momentum < 1.0:
       raise flag_error("momentum", self.momentum, "must be in [0, 1).")
+    _check_update_rule(self)
+    _check_schedule(self)
+
+
+def _non_negative_float(section, *names):
+  for name in names:
+    value = getattr(section, name)
+    if not (isinstance(value, (int, float)) and value >= 0):
+      raise flag_error(name, value, "must not be negative.")
+
+
+def _check_update_rule(opt: "OptimizationConfig") -> None:
+  """Nesterov, weight decay and clipping, each only where it means something."""
+  _non_negative_float(opt, "weight_decay", "clip_global_norm")
+  if opt.nesterov and (opt.optimizer != "sgd" or opt.momentum == 0):
+    raise flag_error("nesterov", True, "needs --optimizer=sgd with "
+                     "--momentum > 0 (it is Nesterov momentum).")
+  if opt.optimizer == "adamw" and opt.weight_decay == 0:
+    raise flag_error("weight_decay", opt.weight_decay,
+                     "--optimizer=adamw needs a positive --weight_decay "
+                     "(without one it is adam), e.g. 0.05.")
+  try:
+    re.compile(opt.weight_decay_exclude)
+  except re.error as e:
+    raise flag_error("weight_decay_exclude", opt.weight_decay_exclude,
+                     f"is not a regular expression ({e}).") from e
+
+
+def _check_schedule(opt: "OptimizationConfig") -> None:
+  """What can be checked without the run's length (see schedules.py)."""
+  if opt.warmup_steps and opt.warmup_epochs:
+    raise flag_error("warmup_epochs", opt.warmup_epochs,
+                     "cannot be combined with --warmup_steps; set one.")
+  _non_negative_float(opt, "lr_decay_rate")
+  exponential = opt.lr_schedule == "exponential"
+  for name in ("lr_decay_rate", "lr_decay_steps"):
+    if exponential and not getattr(opt, name) > 0:
+      raise flag_error(name, getattr(opt, name), "--lr_schedule=exponential "
+                       "needs a positive value.")
+    if not exponential and getattr(opt, name):
+      raise flag_error(name, getattr(opt, name), "is used only by "
+                       "--lr_schedule=exponential.")
+  bounds, values = opt.lr_boundaries, opt.lr_values
+  text = lambda items: ",".join(str(v) for v in items)
+  if opt.lr_schedule != "piecewise":
+    if bounds or values:
+      raise flag_error("lr_boundaries" if bounds else "lr_values",
+                       text(bounds or values),
+                       "is used only by --lr_schedule=piecewise.")
+    return
+  if not all(isinstance(b, int) and b > 0 for b in bounds) or any(
+      a >= b for a, b in zip(bounds, bounds[1:])):
+    raise flag_error("lr_boundaries", text(bounds), "must be strictly "
+                     "increasing positive steps, e.g. 1000,2000.")
+  if len(values) != len(bounds) + 1:
+    raise flag_error("lr_values", text(values), f"needs {len(bounds) + 1} "
+                     f"values (one more than the {len(bounds)} "
+                     "--lr_boundaries), e.g. 0.1,0.01,0.001 for 2.")
+  if not all(isinstance(v, (int, float)) and v > 0 for v in values):
+    raise flag_error("lr_values", text(values), "must be positive.")
 
 
 @dataclasses.dataclass(frozen=True)

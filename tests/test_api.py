@@ -126,7 +126,7 @@ def test_metrics_are_named_everywhere(one_replica):
               "eval_examples"):
     assert summary[key] is not None, key
   assert set(one_replica.history) == {"loss", "examples", "grad_norm",
-                                      "accuracy"}
+                                      "learning_rate", "accuracy"}
 
 
 @pytest.mark.parametrize("mistake, line", [

@@ -16,7 +16,7 @@ from engine.core.hooks import Rows
 from engine.errors import ConfigError
 from engine.report import export, summaries
 
-NAMES = ("loss", "examples", "grad_norm", "accuracy")
+NAMES = ("loss", "examples", "grad_norm", "learning_rate", "accuracy")
 
 
 def test_train_events_hold_every_tag_at_every_summary_step(tmp_path):
@@ -61,8 +61,7 @@ def test_a_run_with_evaluation_writes_the_eval_run(tmp_path):
 
 
 def test_write_eval_writes_the_eval_run(tmp_path):
-  hook = summaries.SummaryHook(str(tmp_path), NAMES, enabled=True, every=0,
-                               learning_rate=lambda: 0.1)
+  hook = summaries.SummaryHook(str(tmp_path), NAMES, enabled=True, every=0)
   hook.write_eval(10, {"eval_loss": 0.5, "eval_accuracy": 0.75})
   hook.write_eval(20, {"eval_loss": 0.25, "eval_accuracy": 0.875})
   hook.end({})
@@ -72,9 +71,8 @@ def test_write_eval_writes_the_eval_run(tmp_path):
 
 
 def test_non_chief_writes_no_event_files(tmp_path):
-  hook = summaries.SummaryHook(str(tmp_path), NAMES, enabled=False, every=1,
-                               learning_rate=lambda: 0.1)
-  hook.after_loop(1, Rows(NAMES, np.ones((1, 4), np.float32)), 0.5)
+  hook = summaries.SummaryHook(str(tmp_path), NAMES, enabled=False, every=1)
+  hook.after_loop(1, Rows(NAMES, np.ones((1, 5), np.float32)), 0.5)
   hook.write_eval(1, {"eval_loss": 0.5})
   hook.end({})
   assert os.listdir(tmp_path) == []

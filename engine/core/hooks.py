@@ -15,7 +15,8 @@ class Rows:
   """The steps of one host call, by name: `rows["loss"]` is one value per step.
 
   Columns: "loss" and each task metric (means over the step's examples),
-  "examples" (the step's example count) and "grad_norm". `votes`: the stop
+  "examples" (the step's example count), "grad_norm" and "learning_rate"
+  (the rate the step's update used). `votes`: the stop
   votes the call summed over the workers (engine/core/preemption.py).
   """
 
@@ -33,7 +34,8 @@ class Rows:
 
   def metrics(self):
     """The names of the loss and the task's metrics, in order."""
-    return [n for n in self.names if n not in ("examples", "grad_norm")]
+    return [n for n in self.names
+            if n not in ("examples", "grad_norm", "learning_rate")]
 
 
 class Hook:

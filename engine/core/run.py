@@ -24,7 +24,8 @@ import numpy as np
 import tensorflow as tf
 
 from engine.config import Config
-from engine.core import checkpoint, evaluate, inputs, preemption, step
+from engine.core import (checkpoint, evaluate, inputs, preemption,
+                         schedules, step)
 from engine.core.hooks import Hook, Rows
 from engine.core.optimizers import create_optimizer
 from engine.distribute import cluster, comm, devices, hang, memory, resources
@@ -38,7 +39,8 @@ class Result:
   """What a run produced; `summary` is also written to summary.json.
 
   `history` holds one value per step trained in this run for "loss",
-  "examples", "grad_norm" and each task metric (4 bytes per value).
+  "examples", "grad_norm", "learning_rate" and each task metric (4 bytes
+  per value).
   """
   summary: dict
   history: Dict[str, np.ndarray]
@@ -214,7 +216,9 @@ def _build_state(task: Task, config: Config, setup: _Setup) -> _State:
   with strategy.scope():
     model = build_model(task, config)
     step.check_forward(task, model, metrics, data.batches().element_spec)
-    optimizer = create_optimizer(config.optimization)
+    optimizer = create_optimizer(
+        config.optimization, total_steps=total_steps,
+        steps_per_epoch=data.steps_per_epoch, global_batch=setup.global_batch)
     # Built here, in the scope and before the first tf.function call, so the
     # slots are mirrored variables and not created inside the trace.
     optimizer.build(model.trainable_variables)
@@ -291,7 +295,7 @@ def _make_hooks(task: Task, config: Config, setup: _Setup, state: _State,
   resource_hook = resources.ResourceHook(stop.request_stop)
   report_hooks = reporting.make_hooks(
       config.reporting, chief=setup.chief, output_dir=setup.output_dir,
-      optimizer=state.optimizer, start_step=state.start_step,
+      start_step=state.start_step,
       total_steps=state.total_steps,
       steps_per_epoch=state.data.steps_per_epoch, names=state.names)
   eval_hook = _eval_hook(task, config, setup, state, watch,
@@ -439,6 +443,12 @@ def _summarize(task, config, setup, state, history, steady) -> dict:
   summary.update({
       "first_loss": float(loss[0]) if len(loss) else None,
       "final_grad_norm": last(history["grad_norm"]),
+      "lr_schedule": config.optimization.lr_schedule,
+      "peak_learning_rate": schedules.plan(
+          config.optimization, total_steps=state.total_steps,
+          steps_per_epoch=state.data.steps_per_epoch,
+          global_batch=setup.global_batch).peak,
+      "final_learning_rate": last(history["learning_rate"]),
       "examples_per_sec": (steady_examples / steady_seconds
                            if steady_seconds > 0 else None),
       "num_replicas": setup.replicas,

@@ -6,9 +6,10 @@ MultiWorkerMirrored strategies: with one replica the all-reduce is an identity.
 
 A step reports named sums, one row per step: "loss" (the summed per-example
 loss, regularization included), "examples" (how many examples the step
-really had), "grad_norm", and each of the task's metrics summed over its
-examples. `make_train_loop` turns the sums into means over the examples of
-the global batch.
+really had), "grad_norm" (of the mean gradient, before --clip_global_norm),
+"learning_rate" (what the step's update used), and each of the task's
+metrics summed over its examples. `make_train_loop` turns the sums into
+means over the examples of the global batch.
 """
 from typing import Callable, Optional, Sequence, Tuple
 
@@ -25,7 +26,9 @@ _SUM = tf.distribute.ReduceOp.SUM
 # --grad_compression: the dtype gradients have on the wire (None: float32).
 WIRE_DTYPES = {"none": None, "fp16": tf.float16, "bf16": tf.bfloat16}
 # The engine's own columns of a step's row; the task's metrics follow.
-TRAIN_COLUMNS = ("loss", "examples", "grad_norm")
+TRAIN_COLUMNS = ("loss", "examples", "grad_norm", "learning_rate")
+# Columns that are not sums over examples (see `means`).
+_NOT_SUMS = ("examples", "grad_norm", "learning_rate")
 
 
 def row_names(metrics: Sequence[Tuple[str, Callable]]) -> Tuple[str, ...]:
@@ -111,18 +114,28 @@ def make_replica_step(task: Task, model, optimizer, metrics, *,
   With `--grad_accum_steps=K` each replica's batch holds K micro-batches of
   `--batch_size_per_replica`; their gradient sums are added up locally and
   all-reduced once, so the step equals one step on the K times larger batch.
+
+  `--clip_global_norm` clips the all-reduced mean gradient, which every
+  replica holds alike, so every replica applies the same clipped update:
+  what one device with the whole global batch would do (docs/design.md).
   """
   options = communication_options(distribution)
   variables = model.trainable_variables
   loss_scaled = uses_loss_scaling(optimization)
   wire_dtype = WIRE_DTYPES[distribution.grad_compression]
   accum = optimization.grad_accum_steps
+  clip = optimization.clip_global_norm
 
   def replica_step(features, labels):
     ctx = tf.distribute.get_replica_context()
     # Read before the update, which may change it (float16 loss scaling).
     scale = (tf.identity(optimizer.dynamic_scale.value) if loss_scaled
              else tf.constant(1.0))
+    # The rate this update uses: the schedule at the update count before it
+    # (engine/core/schedules.py), read before `apply` advances the count.
+    # Only replica 0 reports it, so the loop's SUM of rows returns it exactly.
+    rate = tf.where(tf.equal(ctx.replica_id_in_sync_group, 0),
+                    tf.cast(optimizer.learning_rate, tf.float32), 0.0)
     forward_backward = _forward_backward_fn(
         task, model, variables, metrics, optimization.jit_compile)
     local_count = tf.cast(batch_size(features, labels), tf.float32)
@@ -138,17 +151,20 @@ def make_replica_step(task: Task, model, optimizer, metrics, *,
                           ctx.num_replicas_in_sync)
     grads = _mean_gradients(ctx, grads, local_count, early_count, options,
                             wire_dtype, nominal_count)
+    norm = tf.linalg.global_norm(grads)  # times `scale`, as the gradients
+    if clip:
+      grads = _clip(grads, norm, clip * scale)
     # Applies what it is given (engine/core/optimizers.py): no second
     # reduction. Under loss scaling it unscales, and skips a step whose
     # reduced gradient is not finite, on every replica alike.
     optimizer.apply(grads, variables)
     # Every replica holds the same reduced gradient, so its norm divided by
     # the replica count sums back to the norm in the SUM reduce of the loop.
-    norm_share = (tf.linalg.global_norm(grads) / scale /
-                  ctx.num_replicas_in_sync)
+    norm_share = norm / scale / ctx.num_replicas_in_sync
     if loss_scaled:  # a skipped overflow step applied nothing
       norm_share = tf.where(tf.math.is_finite(norm_share), norm_share, 0.0)
-    return tf.concat([sums[:1], [local_count, norm_share], sums[1:]], axis=0)
+    return tf.concat([sums[:1], [local_count, norm_share, rate], sums[1:]],
+                     axis=0)
 
   return replica_step
 
@@ -176,6 +192,20 @@ def _mean_gradients(ctx, grads, local_count, global_count, options,
   wire = ctx.all_reduce(_SUM, wire, options=options)
   factor = nominal_count / tf.maximum(global_count, 1.0)
   return [tf.cast(g, tf.float32) * factor for g in wire]
+
+
+def _clip(grads, norm, limit):
+  """Scales the gradients to global norm `limit` when `norm` exceeds it.
+
+  Exactly the given gradients when it does not (a factor of 1.0, not
+  limit / limit). Under float16 loss scaling `norm` and `limit` are both
+  times the loss scale, so the unscaled gradient is clipped to
+  --clip_global_norm. A non-finite norm leaves the gradients non-finite
+  (inf * 0 is NaN), so the loss-scale optimizer still skips the update and
+  the NaN guard still sees it.
+  """
+  factor = tf.where(norm > limit, limit / norm, 1.0)
+  return [g * factor for g in grads]
 
 
 def _forward_backward_fn(task: Task, model, variables, metrics,
@@ -235,13 +265,14 @@ def _accumulate(forward_backward, variables, features, labels, scale,
 def means(sums: tf.Tensor, names: Sequence[str]) -> tf.Tensor:
   """Rows of global sums -> means over the examples, per step.
 
-  "examples" stays a count and "grad_norm" is already the global norm (see
-  the replica step); every other column is a sum over examples.
+  "examples" stays a count, "grad_norm" is already the global norm and
+  "learning_rate" the rate (see the replica step); every other column is a
+  sum over examples.
   """
   # A division, not a multiplication by 1 / count: Eigen's vectorised
   # reciprocal is not exact, so the result would depend on the row count.
   denominator = tf.maximum(sums[:, names.index("examples")], 1.0)
-  columns = [sums[:, k] if name in ("examples", "grad_norm") else
+  columns = [sums[:, k] if name in _NOT_SUMS else
              sums[:, k] / denominator for k, name in enumerate(names)]
   return tf.stack(columns, axis=1)
 

@@ -7,7 +7,6 @@ import os
 from typing import List, Sequence
 
 from absl import logging
-import numpy as np
 
 from engine.config import ReportingConfig
 from engine.core import hooks
@@ -15,7 +14,7 @@ from engine.report import export, profiler, progress, summaries
 
 
 def make_hooks(config: ReportingConfig, *, chief: bool, output_dir: str,
-               optimizer, start_step: int, total_steps: int,
+               start_step: int, total_steps: int,
                steps_per_epoch: int,
                names: Sequence[str]) -> List[hooks.Hook]:
   """The progress, summary and (with --profile_steps) profiler hooks.
@@ -30,8 +29,7 @@ def make_hooks(config: ReportingConfig, *, chief: bool, output_dir: str,
                          log_every=config.log_every, total_steps=total_steps,
                          steps_per_epoch=steps_per_epoch),
       summaries.SummaryHook(
-          output_dir, names, enabled=chief, every=config.summary_every,
-          learning_rate=lambda: float(np.asarray(optimizer.learning_rate))),
+          output_dir, names, enabled=chief, every=config.summary_every),
   ]
   if config.profile_steps:
     hook_list.append(profiler.ProfileHook(

@@ -2,12 +2,13 @@
 
 Everything here runs on the host between compiled host calls, from the rows
 the compiled loop already returns (per step: loss, accuracy, examples,
-gradient norm), so writing summaries adds no op and no host sync to a step.
+gradient norm, the learning rate the step's update used), so writing
+summaries adds no op and no host sync to a step.
 Workers other than the chief get no-op writers (as Orbit does) instead of
 `if chief` branches, so every worker runs the same code.
 """
 import os
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -21,7 +22,7 @@ RATE_TAGS = ("learning_rate", "examples_per_sec", "steps_per_sec",
 
 def train_tags(names: Sequence[str]):
   """The train run's tags: the loss and metrics of a step's row, then rates."""
-  return tuple(n for n in names if n not in ("examples", "grad_norm")) + (
+  return tuple(n for n in names if n not in ("examples",) + RATE_TAGS) + (
       RATE_TAGS)
 
 
@@ -41,7 +42,7 @@ class SummaryHook(hooks.Hook):
   """
 
   def __init__(self, model_dir: str, names: Sequence[str], *, enabled: bool,
-               every: int, learning_rate: Callable[[], float]):
+               every: int):
     """Opens model_dir/train now and model_dir/eval at the first evaluation.
 
     Args:
@@ -49,10 +50,8 @@ class SummaryHook(hooks.Hook):
       names: the columns of a step's row (engine/core/step.py).
       enabled: False on non-chief workers (no-op writers, no files).
       every: write at every step that is a multiple of this (0: never).
-      learning_rate: returns the optimizer's current learning rate.
     """
     self._every = every
-    self._learning_rate = learning_rate
     self._tags = train_tags(names)
     on = enabled and every > 0
     self._train = make_writer(os.path.join(model_dir, "train"), on)
@@ -71,8 +70,7 @@ class SummaryHook(hooks.Hook):
     if not wanted:
       return
     n = len(wanted)
-    rates = {"learning_rate": self._learning_rate(),
-             "examples_per_sec": float(rows["examples"].sum()) / seconds,
+    rates = {"examples_per_sec": float(rows["examples"].sum()) / seconds,
              "steps_per_sec": len(rows) / seconds}
     values = np.stack([
         rows[tag][wanted] if tag in rows.names else np.full(n, rates[tag])
