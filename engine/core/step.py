@@ -99,7 +99,7 @@ def check_forward(task: Task, model, metrics, element_spec) -> None:
 def make_replica_step(task: Task, model, optimizer, metrics, *,
                       distribution: DistributionConfig,
                       optimization: OptimizationConfig,
-                      batch_size_per_replica: int) -> Callable:
+                      batch_size_per_replica: int, ema=None) -> Callable:
   """Returns the per-replica step: forward, backward, one all-reduce, update.
 
   The loss is the mean over the examples actually present in the global batch:
@@ -111,6 +111,8 @@ def make_replica_step(task: Task, model, optimizer, metrics, *,
   With `--grad_accum_steps=K` each replica's batch holds K micro-batches of
   `--batch_size_per_replica`; their gradient sums are added up locally and
   all-reduced once, so the step equals one step on the K times larger batch.
+
+  `ema` (engine/core/ema.py), if given, is updated after every update.
   """
   options = communication_options(distribution)
   variables = model.trainable_variables
@@ -142,6 +144,9 @@ def make_replica_step(task: Task, model, optimizer, metrics, *,
     # reduction. Under loss scaling it unscales, and skips a step whose
     # reduced gradient is not finite, on every replica alike.
     optimizer.apply(grads, variables)
+    if ema is not None:
+      # No collective: every replica's weights are the same after the update.
+      ema.update(tf.cast(optimizer.iterations, tf.int64))
     # Every replica holds the same reduced gradient, so its norm divided by
     # the replica count sums back to the norm in the SUM reduce of the loop.
     norm_share = (tf.linalg.global_norm(grads) / scale /
