@@ -5,14 +5,18 @@ are called between host calls, as Keras `fit` calls them with
 `steps_per_execution`:
 
   on_train_begin         before the first host call
-  on_epoch_begin(e)      at the start and after each epoch's last step
+  on_epoch_begin(e)      at the start and after each epoch's end
   on_train_batch_end(b)  once per host call; b is the index in its epoch of
                          the call's last step, logs that step's values
   on_test_end            after each evaluation; logs {"loss", "accuracy", ...}
-  on_epoch_end(e)        after each epoch's last step (host calls end there);
-                         logs the epoch's means of the steps trained in this
-                         run, plus "val_<name>" of an evaluation at that step
+  on_epoch_end(e)        after the host call holding the epoch's last step;
+                         logs the epoch's means over its steps trained in
+                         this run (exact: the rows hold every step), plus
+                         "val_<name>" of an evaluation at that step
   on_train_end           at the end; logs the final summary's values
+
+Callbacks do not choose where host calls end: the schedule of host calls
+must be the same on every worker, and a worker's callbacks are its own.
 
 Every worker calls its callbacks (Keras `fit` does the same under
 MultiWorkerMirroredStrategy), with the same values: the rows and evaluation
@@ -26,9 +30,8 @@ import math
 from typing import Optional, Sequence
 
 import keras
-import numpy as np
 
-from engine.core.hooks import Hook, every
+from engine.core.hooks import Hook
 
 
 def check(callbacks: Sequence) -> list:
@@ -73,9 +76,6 @@ class CallbackHook(Hook):
     self._call("on_train_begin", {}, step=step)
     self._call("on_epoch_begin", step // self._per_epoch, {}, step=step)
 
-  def next_stop(self, step):
-    return every(self._per_epoch, step)  # epoch ends are exact
-
   def on_eval(self, step: int, metrics: dict) -> None:
     self._eval = (step, metrics)
     logs = {k[len("eval_"):]: v for k, v in metrics.items()
@@ -84,20 +84,27 @@ class CallbackHook(Hook):
 
   def after_loop(self, step, rows, seconds):
     names = rows.metrics()
-    for name in names:
-      self._epoch_sums[name] = (self._epoch_sums.get(name, 0.0) +
-                                float(np.sum(rows[name], dtype=np.float64)))
-    self._epoch_steps += len(rows)
-    epoch, in_epoch = divmod(step - 1, self._per_epoch)
-    self._call("on_train_batch_end", in_epoch,
+    first = step - len(rows) + 1
+    for k in range(len(rows)):
+      for name in names:
+        self._epoch_sums[name] = (self._epoch_sums.get(name, 0.0) +
+                                  float(rows[name][k]))
+      self._epoch_steps += 1
+      if first + k < step and (first + k) % self._per_epoch == 0:
+        self._end_epoch(first + k)  # an epoch ended inside the host call
+    self._call("on_train_batch_end", (step - 1) % self._per_epoch,
                {name: float(rows[name][-1]) for name in names}, step=step)
     if step % self._per_epoch == 0 or step == self._total:
-      logs = {k: v / self._epoch_steps for k, v in self._epoch_sums.items()}
-      logs.update(self._val_logs(step))
-      self._call("on_epoch_end", epoch, logs, step=step)
-      self._epoch_sums, self._epoch_steps = {}, 0
-      if step < self._total:
-        self._call("on_epoch_begin", epoch + 1, {}, step=step)
+      self._end_epoch(step)
+
+  def _end_epoch(self, step: int) -> None:
+    epoch = (step - 1) // self._per_epoch
+    logs = {k: v / self._epoch_steps for k, v in self._epoch_sums.items()}
+    logs.update(self._val_logs(step))
+    self._call("on_epoch_end", epoch, logs, step=step)
+    self._epoch_sums, self._epoch_steps = {}, 0
+    if step < self._total:
+      self._call("on_epoch_begin", epoch + 1, {}, step=step)
 
   def _val_logs(self, step: int) -> dict:
     if self._eval is None or self._eval[0] != step:
@@ -115,7 +122,7 @@ class CallbackHook(Hook):
 
 def make_hook(callbacks: Sequence, model, *, stop, start_step: int,
               total_steps: int, steps_per_epoch: int) -> Optional[Hook]:
-  """The CallbackHook, or None without callbacks (no epoch-end host calls)."""
+  """The CallbackHook, or None without callbacks."""
   if not callbacks:
     return None
   return CallbackHook(callbacks, model, stop=stop, start_step=start_step,
