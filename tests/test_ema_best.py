@@ -101,6 +101,9 @@ def test_ema_early_stopping_and_callback_agree_on_1_2_4_replicas(
                        ref.weights + ref.averages):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
   assert ref_callback.steps == callback.steps
+  if replicas == 2:  # the same command again: the run is finished
+    again, _ = stopping_run(tmp_path, replicas)
+    assert again.traces == 0 and again.summary == s
 
 
 def test_resume_with_ema_and_early_stopping_state_is_exact(tmp_path):

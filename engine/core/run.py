@@ -138,7 +138,8 @@ def run(task: Task, config: Config, *, hooks: Sequence[Hook] = (),
         task, config, _set_up(config), path, build_model))
   setup = _set_up(config)
   state = _build_state(task, config, setup)
-  if state.start_step >= state.total_steps:
+  if (state.start_step >= state.total_steps or
+      _stopped_early(config.loop.early_stopping_patience, state)):
     return _nothing_to_train(config, setup, state)
   # One thread bounds every call that can wait on peers; no collective has a
   # timeout of its own (engine/distribute/hang.py).
@@ -171,10 +172,18 @@ def _nothing_to_train(config: Config, setup: _Setup, state: _State) -> Result:
   and no collective runs. The Result holds the earlier summary.json.
   """
   model_dir = config.checkpoints.model_dir
-  logging.warning(
-      "nothing to train: %s already holds step %d of %d; start over with a "
-      "new --model_dir, or train further with a larger --train_steps or "
-      "--epochs.", model_dir, state.start_step, state.total_steps)
+  if state.start_step < state.total_steps:
+    logging.warning(
+        "nothing to train: %s stopped early at step %d of %d, after %d "
+        "evaluations without improvement; start over with a new "
+        "--model_dir, or train further with a larger "
+        "--early_stopping_patience.", model_dir, state.start_step,
+        state.total_steps, int(state.best_state.since.numpy()))
+  else:
+    logging.warning(
+        "nothing to train: %s already holds step %d of %d; start over with "
+        "a new --model_dir, or train further with a larger --train_steps or "
+        "--epochs.", model_dir, state.start_step, state.total_steps)
   cluster.stop_watchdog()
   summary = {}
   path = os.path.join(model_dir, "summary.json")
@@ -186,6 +195,12 @@ def _nothing_to_train(config: Config, setup: _Setup, state: _State) -> Result:
   return Result(summary, {n: np.zeros(0, np.float32) for n in state.names},
                 [np.array(v.numpy()) for v in state.model.trainable_variables],
                 0, state.model, state.ema and state.ema.values())
+
+
+def _stopped_early(patience: int, state: _State) -> bool:
+  """Whether the checkpoint resumed from is where early stopping ended."""
+  return bool(patience and state.best_state is not None and
+              int(state.best_state.since.numpy()) >= patience)
 
 
 def _set_up(config: Config) -> _Setup:
