@@ -9,6 +9,7 @@ import pytest
 
 from callback_job import StopAfter
 from conftest import read_scalars, run_job, tiny_config
+import engine
 from engine.core import best
 from test_eval import keras_evaluate
 
@@ -27,6 +28,10 @@ def recipe(tmp, replicas=1, **kw):
                 model_dir=str(tmp))
   fields.update(kw)
   return tiny_config(**fields)
+
+
+def engine_run(job, callbacks):
+  return engine.run(job.task(), job.config, callbacks=callbacks)
 
 
 class WeightsAfterEachCall(keras.callbacks.Callback):
@@ -49,7 +54,7 @@ def test_ema_is_the_average_computed_by_hand(tmp_path):
   want = seen.weights[0]  # the first update copies the weights
   for weights in seen.weights[1:]:
     want = [decay * a + (1 - decay) * w for a, w in zip(want, weights)]
-  for got, w, raw in zip(result.averages, want, result.weights):
+  for got, w in zip(result.averages, want):
     np.testing.assert_allclose(got, w, rtol=1e-6, atol=1e-7)
   assert max(np.abs(a - w).max() for a, w in
              zip(result.averages, result.weights)) > 1e-4  # not the weights
@@ -59,11 +64,6 @@ def test_ema_is_the_average_computed_by_hand(tmp_path):
   for a, b in zip(result.weights, seen.weights[-1]):
     np.testing.assert_array_equal(a, b)
   assert result.summary["ema_decay"] == decay
-
-
-def engine_run(config, callbacks):
-  import engine  # pylint: disable=g-import-not-at-top
-  return engine.run(config.task(), config.config, callbacks=callbacks)
 
 
 def stopping_run(tmp, replicas):

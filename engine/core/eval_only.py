@@ -16,7 +16,8 @@ import numpy as np
 import tensorflow as tf
 
 from engine.config import CheckpointConfig, Config
-from engine.core import checkpoint, ema as ema_lib, evaluate, inputs, step
+from engine.core import checkpoint, evaluate, inputs, step
+from engine.core import ema as ema_lib
 from engine.core.optimizers import create_optimizer
 from engine.distribute import cluster, devices, hang
 from engine.errors import flag_error
