@@ -86,6 +86,7 @@ class _State:
   total_steps: int
   ema: object = None         # engine/core/ema.EMA with --ema_decay
   best_state: object = None  # engine/core/best.BestState when one is kept
+  callbacks: list = dataclasses.field(default_factory=list)  # Keras's
 
 
 def check_model_dir(path: str, flag: str = "model_dir") -> None:
@@ -149,8 +150,9 @@ def run(task: Task, config: Config, *, hooks: Sequence[Hook] = (),
       peer_messages=cluster.peer_messages(),
       name_stuck=cluster.stuck_peers_line) as watch:
     stop = preemption.StopAgreement(exchanged=_exchanged(config, setup))
+    state.callbacks = callbacks
     hook_list, closers = _make_hooks(task, config, setup, state, watch, hooks,
-                                     stop, callbacks)
+                                     stop)
     try:
       history, steady, stopped = _loop(state, config.loop.steps_per_loop,
                                        hook_list, watch, stop)
@@ -328,7 +330,7 @@ def _exchanged(config: Config, setup: _Setup) -> bool:
 
 
 def _make_hooks(task: Task, config: Config, setup: _Setup, state: _State,
-                watch, extra: Sequence[Hook], stop, callbacks):
+                watch, extra: Sequence[Hook], stop):
   """The run's hooks in the order they act, and what to close at the end."""
   ckpt_hook = checkpoint.CheckpointHook(
       state.checkpointer, config.checkpoints.checkpoint_every, stop)
@@ -345,7 +347,7 @@ def _make_hooks(task: Task, config: Config, setup: _Setup, state: _State,
                          lambda s, m: [f(s, m) for f in after_eval])
   best_hook = _best_hook(task, config, setup, state)
   callback_hook = callbacks_lib.make_hook(
-      callbacks, state.model, stop=stop, start_step=state.start_step,
+      state.callbacks, state.model, stop=stop, start_step=state.start_step,
       total_steps=state.total_steps,
       steps_per_epoch=state.data.steps_per_epoch)
   # After the eval hook, which hands them each evaluation.
