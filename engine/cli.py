@@ -51,6 +51,7 @@ _ENUMS = {
     "mixed_precision": config_lib.MIXED_PRECISIONS,
     "lr_schedule": config_lib.LR_SCHEDULES,
     "lr_scaling": config_lib.LR_SCALINGS,
+    "mode": config_lib.MODES,
 }
 _LISTS = ("devices", "worker_hosts", "profile_steps", "lr_boundaries",
           "lr_values")
@@ -129,6 +130,15 @@ HELP = {
                      "which every CPU tensor above it is mapped, faulted in "
                      "and unmapped on each use; glibc's own 32 MiB maximum "
                      "instead (engine/distribute/memory.py).",
+    "mode": "train_and_eval: train, evaluating on schedule; train: no "
+            "evaluation; eval: evaluate the latest checkpoint in --model_dir "
+            "(or --checkpoint) and write summary.json.",
+    "ema_decay": "Keep an exponential moving average of the weights with "
+                 "this decay (e.g. 0.999; 0: none); evaluation and export "
+                 "use it.",
+    "early_stopping_patience": "Stop after N evaluations without improvement "
+                               "of --keep_best's metric (eval_loss if none); "
+                               "0: never.",
     # Checkpoints.
     "model_dir": "Where summary.json and checkpoints/ go (chief only).",
     "checkpoint_every": "Save a checkpoint every N steps (0: only at the end).",
@@ -140,6 +150,12 @@ HELP = {
                        "Turn off only to measure what the agreement costs.",
     "weights_out": "If set, the chief saves the final trainable weights to "
                    "this .npz file name inside --model_dir.",
+    "keep_best": "Keep the checkpoint and export of the best evaluation by "
+                 "this metric (e.g. eval_accuracy; losses and errors are "
+                 "minimised) in model_dir/best.",
+    "checkpoint": "--mode=eval: the checkpoint to evaluate (a ckpt-N path or "
+                  "a directory: its latest); default: the latest in "
+                  "--model_dir.",
     # Reporting.
     "log_every": "Log a progress line every N steps.",
     "summary_every": "Write TensorBoard scalars to model_dir/train every N "
@@ -267,18 +283,20 @@ def fail(message: str, code: int = EXIT_BAD_INPUT):
   sys.exit(code)
 
 
-def run(make_task: MakeTask, argv=None) -> None:
+def run(make_task: MakeTask, argv=None, *, callbacks=()) -> None:
   """Defines the engine's flags, parses them and trains `make_task(config)`.
 
   `make_task` is called after the host is set up, before any training; it
   returns the task, or `(task, config)` to run with a changed config.
+  `callbacks`: Keras callbacks (engine/core/callbacks.py), or a function of
+  the final config returning them (e.g. a CSVLogger into its model_dir).
   """
   define_flags(module_name=caller_module())
-  app.run(lambda args: main(make_task, args), argv=argv,
+  app.run(lambda args: main(make_task, args, callbacks=callbacks), argv=argv,
           flags_parser=parse_flags)
 
 
-def main(make_task: MakeTask, argv) -> None:
+def main(make_task: MakeTask, argv, *, callbacks=()) -> None:
   """Runs one training job from parsed flags and exits with its code."""
   if len(argv) > 1:
     fail(f"unexpected arguments {' '.join(argv[1:])}; flags look like "
@@ -302,7 +320,8 @@ def main(make_task: MakeTask, argv) -> None:
     devices.configure_host(config.distribution.cpu_devices)
     made = make_task(config)
     task, config = made if isinstance(made, tuple) else (made, config)
-    run_task(task, config)
+    run_task(task, config, callbacks=(callbacks(config) if callable(callbacks)
+                                      else callbacks))
   except checkpoint.Preempted as e:
     logging.flush()
     print(f"preempted: {e}", file=sys.stderr)

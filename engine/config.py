@@ -31,6 +31,7 @@ WEIGHT_DECAY_EXCLUDE = r"(^|/)(bias|gamma|beta)$"
 GRAD_COMPRESSIONS = ("none", "fp16", "bf16")
 MIXED_PRECISIONS = ("none", "mixed_float16", "mixed_bfloat16")
 _COPY_OPS = ("hierarchical_copy", "reduce_to_one_device")
+MODES = ("train_and_eval", "train", "eval")
 
 
 def _one_of(flag, value, valid):
@@ -229,13 +230,33 @@ class LoopConfig:
   # Host memory: keep large CPU tensors in malloc's heap
   # (engine/distribute/memory.py).
   malloc_tuning: bool = True
+  mode: str = "train_and_eval"  # or "train" (no evaluation), "eval" (only)
+  # Decay of an exponential moving average of the trainable weights
+  # (engine/core/ema.py); 0 = none. Evaluation and export use the average.
+  ema_decay: float = 0.0
+  # Stop after N evaluations without improvement of --keep_best's metric
+  # (eval_loss when none is named); 0 = never.
+  early_stopping_patience: int = 0
 
   def __post_init__(self):
     _positive(self, "steps_per_loop")
-    _non_negative(self, "epochs", "train_steps", "eval_every")
+    _non_negative(self, "epochs", "train_steps", "eval_every",
+                  "early_stopping_patience")
+    _one_of("mode", self.mode, MODES)
     if self.epochs == 0 and self.train_steps == 0:
       raise flag_error("epochs", 0, "must be positive when --train_steps=0; "
                        "set one of them")
+    if not (isinstance(self.ema_decay, (int, float)) and
+            (self.ema_decay == 0 or 0 < self.ema_decay < 1)):
+      raise flag_error("ema_decay", self.ema_decay,
+                       "must be 0 (no average) or in (0, 1), e.g. 0.999.")
+    if self.mode == "train" and (self.early_stopping_patience or
+                                 self.eval_every):
+      flag = ("early_stopping_patience" if self.early_stopping_patience
+              else "eval_every")
+      raise flag_error(flag, getattr(self, flag),
+                       "needs evaluation, which --mode=train skips; use "
+                       "--mode=train_and_eval.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,10 +269,21 @@ class CheckpointConfig:
   # Exchange the stop flag after every host call (coordinated preemption).
   preemption_sync: bool = True
   weights_out: str = ""  # file name in model_dir for final weights (.npz)
+  # An evaluation metric ("eval_accuracy", "eval_loss", ...): the best
+  # evaluation's checkpoint and export go to model_dir/best; "" = none.
+  keep_best: str = ""
+  # --mode=eval: the checkpoint to evaluate (a path prefix such as
+  # .../checkpoints/ckpt-100, or a directory: its latest); "" = the latest
+  # in model_dir/checkpoints.
+  checkpoint: str = ""
 
   def __post_init__(self):
     _non_negative(self, "checkpoint_every")
     _positive(self, "keep_checkpoints")
+    if self.keep_best and not self.keep_best.startswith("eval_"):
+      raise flag_error("keep_best", self.keep_best,
+                       "names an evaluation metric, e.g. eval_loss or "
+                       "eval_accuracy.")
     if os.path.basename(self.weights_out) != self.weights_out:
       raise flag_error("weights_out", self.weights_out,
                        "is a file name inside --model_dir, not a path.")
@@ -278,6 +310,18 @@ class ReportingConfig:
                        ",".join(str(s) for s in self.profile_steps),
                        "must be START,END with 1 <= START <= END (steps "
                        "counted from 1), e.g. 10,20.")
+
+
+def _check_modes(loop: LoopConfig, ckpt: CheckpointConfig) -> None:
+  """--mode against the checkpoint flags that only some modes read."""
+  if loop.mode == "train" and ckpt.keep_best:
+    raise flag_error("keep_best", ckpt.keep_best,
+                     "needs evaluation, which --mode=train skips; use "
+                     "--mode=train_and_eval.")
+  if loop.mode != "eval" and ckpt.checkpoint:
+    raise flag_error("checkpoint", ckpt.checkpoint,
+                     "is read by --mode=eval only; training resumes from "
+                     "--model_dir.")
 
 
 SECTIONS = {
@@ -310,6 +354,7 @@ class Config:
   reporting: ReportingConfig = ReportingConfig()
 
   def __post_init__(self):
+    _check_modes(self.loop, self.checkpoints)
     dist, opt, data = self.distribution, self.optimization, self.data
     if opt.jit_compile and dist.sync_batchnorm:
       # Synchronized BatchNorm all-reduces inside the forward pass, and a

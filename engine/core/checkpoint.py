@@ -1,7 +1,8 @@
 """Checkpoints that resume exactly, refuse foreign runs, and survive kills.
 
 A checkpoint holds the model, the optimizer (its `iterations` is the global
-step) and nothing else: the input pipelines are pure functions of the seed and
+step) and, when the run has them, the weight averages ("ema", --ema_decay)
+and the --keep_best comparison ("best"); nothing else: the input pipelines are pure functions of the seed and
 the step (`data.build_train(start_step=...)`), so the data position is the
 global step. Next to the checkpoints, `run.json` records what the run was
 (model, data, replicas, global batch); a resume that differs is refused.
@@ -50,17 +51,24 @@ class Checkpointer:
     model_dir: --model_dir, named in errors.
     keep: checkpoints kept (--keep_checkpoints).
     allow_resume_change: resume with another replica count or batch.
+    extras: more trackables by key: "ema" (required in a checkpoint it
+      resumes from) and "best" (optional: a run that starts keeping the
+      best starts its comparison afresh).
   """
 
   def __init__(self, restore_dir: str, save_dir: str, model, optimizer, *,
-               model_dir: str, keep: int, allow_resume_change: bool):
+               model_dir: str, keep: int, allow_resume_change: bool,
+               extras=None):
     self._restore_dir = restore_dir
     self.directory = save_dir
     self._model_dir = model_dir
     self._allow_change = allow_resume_change
-    self._ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    self._core = dict(model=model, optimizer=optimizer)
+    self._extras = dict(extras or {})
+    self._ckpt = tf.train.Checkpoint(**self._core, **self._extras)
     self._manager = tf.train.CheckpointManager(self._ckpt, save_dir,
                                                max_to_keep=keep)
+    self._best_manager = None
     self._optimizer = optimizer
 
   def restore(self, identity: dict) -> int:
@@ -99,7 +107,7 @@ class Checkpointer:
               f"{identity[key]}; resuming would change the results. Pass "
               "--allow_resume_change if you mean it.")
     try:
-      self._ckpt.restore(latest).assert_existing_objects_matched()
+      restore(latest, self._core, self._extras, optional=("best",))
     except (tf.errors.OpError, AssertionError, ValueError) as e:
       raise flag_error("model_dir", self._model_dir,
                        f"checkpoint {latest} cannot be restored "
@@ -120,6 +128,41 @@ class Checkpointer:
     path = self._manager.save(checkpoint_number=step)
     logging.info("Saved checkpoint %s.", path)
     return path
+
+  def save_best(self, directory: str, step: int) -> str:
+    """Saves the same objects into `directory`, keeping only the newest."""
+    if self._best_manager is None:
+      self._best_manager = tf.train.CheckpointManager(self._ckpt, directory,
+                                                      max_to_keep=1)
+    path = self._best_manager.save(checkpoint_number=step)
+    logging.info("Saved best checkpoint %s.", path)
+    return path
+
+
+def saved_keys(path: str) -> set:
+  """The top-level objects a checkpoint holds ("model", "optimizer", ...)."""
+  return {name.split("/", 1)[0] for name, _ in tf.train.list_variables(path)}
+
+
+def restore(path: str, core: dict, extras: dict, optional=()) -> None:
+  """Restores `core` and `extras` from `path`, each key checked on its own.
+
+  Raises:
+    AssertionError: a key of `core`, or of `extras` outside `optional`, is
+      missing or does not match.
+    tf.errors.OpError, ValueError: the checkpoint cannot be read.
+  """
+  tf.train.Checkpoint(**core).restore(path).assert_existing_objects_matched(
+  ).expect_partial()
+  present = saved_keys(path)
+  for key, trackable in extras.items():
+    if key not in present:
+      if key in optional:
+        continue
+      raise AssertionError(f"it holds no {key!r} (the run was trained "
+                           f"without it); use a new --model_dir")
+    tf.train.Checkpoint(**{key: trackable}).restore(
+        path).assert_existing_objects_matched()
 
 
 class CheckpointHook(Hook):

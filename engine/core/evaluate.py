@@ -7,8 +7,9 @@ returns the sums of its per-example values and its example count; one
 the means divide by the global count of real examples, so a partial last
 batch, or a replica with no examples, weighs exactly as on one device.
 """
+import contextlib
 import math
-from typing import Callable, Dict, Optional, Sequence
+from typing import Callable, ContextManager, Dict, Optional, Sequence
 
 from absl import logging
 import tensorflow as tf
@@ -130,13 +131,17 @@ class EvalHook(Hook):
 
   `results` keeps (step, metrics) per evaluation, for anything that reports
   them later (e.g. summaries); the last one goes into summary.json.
+  `weights()` is entered around each pass: with --ema_decay it puts the
+  averaged weights in (engine/core/ema.py).
   """
 
   def __init__(self, evaluator: Optional[Evaluator], eval_every: int,
                total_steps: int,
                on_result: Optional[Callable[[int, dict], None]] = None,
-               keys: Sequence[str] = ()):
+               keys: Sequence[str] = (),
+               weights: Callable[[], ContextManager] = contextlib.nullcontext):
     self._evaluator = evaluator
+    self._weights = weights
     self._every = eval_every
     self._total = total_steps
     self._on_result = on_result  # e.g. the TensorBoard eval writer
@@ -155,7 +160,8 @@ class EvalHook(Hook):
       self._run(step)
 
   def _run(self, step):
-    metrics = self._evaluator.evaluate()
+    with self._weights():
+      metrics = self._evaluator.evaluate()
     self.results.append((step, metrics))
     shown = " | ".join(f"{k[len('eval_'):]} {v:.4f}" for k, v in
                        metrics.items() if k != "eval_examples")

@@ -5,7 +5,7 @@ says so through `next_stop`; the loop then ends its host call there. Hooks never
 run inside the compiled loop, so they cannot slow a step, only the gaps.
 """
 import math
-from typing import Sequence
+from typing import Optional, Sequence
 
 from absl import logging
 import numpy as np
@@ -41,6 +41,9 @@ class Rows:
 class Hook:
   """No-op base: override what you need."""
 
+  def begin(self, step: int) -> None:
+    """Called once before the first host call; `step` is the start step."""
+
   def next_stop(self, step: int) -> float:
     """The first step > `step` at which this hook needs control (inf: none)."""
     del step
@@ -48,6 +51,15 @@ class Hook:
 
   def after_loop(self, step: int, rows: Rows, seconds: float) -> None:
     """Called after each host call; `rows` holds its steps, `step` the last."""
+
+  def stop_reason(self) -> Optional[str]:
+    """Why training should end after this host call (None: go on).
+
+    Read after every host call on every worker: the answer must be the same
+    on all of them at the same step (e.g. decided from all-reduced values),
+    or the workers would part at different collectives.
+    """
+    return None
 
   def end(self, summary: dict) -> None:
     """Called once with the final summary, before summary.json is written."""

@@ -42,6 +42,10 @@ _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # A worker's vote: 1 for a signal, this for a resource
 # (engine/distribute/resources.py). float32 sums integers exactly up to 2**24.
 _RESOURCE_FLAG = float(2**16)
+# A vote to finish normally (a Keras callback set model.stop_training): the
+# run saves, exports and exits 0. Each replica carries its worker's vote, so
+# fewer than 2**8 replicas keep the three kinds apart in one float32 sum.
+_FINISH_FLAG = float(2**8)
 
 
 class StopAgreement:
@@ -62,6 +66,7 @@ class StopAgreement:
     self.exchanged = exchanged
     self._signal = None
     self._resource = None  # why engine/distribute/resources.py asked to stop
+    self._finish = None  # why this worker asked to finish (a callback)
     # Set when the agreed stop is for a resource on any worker.
     self.for_resource = False
     self._previous = {s: signal.signal(s, self._on_signal) for s in _SIGNALS}
@@ -74,14 +79,32 @@ class StopAgreement:
     """A stop for `reason` (a host resource nearly exhausted), not a signal."""
     self._resource = reason
 
+  def request_finish(self, reason: str) -> None:
+    """Asks every worker to end training normally (`finish_reason`)."""
+    if self._finish is None:
+      self._finish = reason
+
   def vote(self) -> float:
     """This worker's flag, for the next host call to carry.
 
-    One number says both whether a worker wants to stop and whether any
-    wants it for a resource: a sum of 1s stays below _RESOURCE_FLAG.
+    One number says whether a worker wants to stop, and whether any wants
+    it for a resource or only to finish: a sum of 1s stays below
+    _FINISH_FLAG, a sum of those below _RESOURCE_FLAG.
     """
     return (_RESOURCE_FLAG if self._resource is not None else
-            0.0 if self._signal is None else 1.0)
+            1.0 if self._signal is not None else
+            _FINISH_FLAG if self._finish is not None else 0.0)
+
+  def finish_reason(self, votes: float) -> Optional[str]:
+    """Whether the host call just made carried a vote to finish.
+
+    Unlike signals, a finish is always acted on at the end of the host call
+    that carried it, also with one worker (where `votes` is the vote handed
+    in): so 1 replica, N replicas and N workers stop at the same step.
+    """
+    if votes % _RESOURCE_FLAG < _FINISH_FLAG:
+      return None
+    return self._finish or "a callback on another worker asked to stop"
 
   def should_stop(self, step_reached: int, votes: float) -> Optional[str]:
     """Called by every worker after every host call, at the same boundary.
@@ -95,8 +118,8 @@ class StopAgreement:
       name where it arrived, "stop requested by another worker" elsewhere.
     """
     total = votes if self.exchanged else self.vote()
-    if total == 0.0:
-      return None
+    if total % _FINISH_FLAG == 0.0 and total < _RESOURCE_FLAG:
+      return None  # nobody signalled (a finish is `finish_reason`'s)
     self.for_resource = total >= _RESOURCE_FLAG
     # No collective follows, only the save: peers may now exit in any order
     # without the watchdog taking one that is still saving for a lost task.

@@ -4,9 +4,12 @@ The outer loop in four parts, each a small function:
   _set_up        the strategy, this process's role and where it writes;
   _build_state   model, optimizer, checkpoint restore, input pipeline and the
                  compiled train loop;
-  _make_hooks    checkpoints, evaluation, reporting, resources, preemption;
-  _loop          host calls of the compiled loop until the last step;
+  _make_hooks    checkpoints, evaluation, the best evaluation, callbacks,
+                 reporting, resources, preemption;
+  _loop          host calls of the compiled loop until the last step, or
+                 until every worker agreed to stop early;
 and then the summary (summary.json), final weights and the export.
+--mode=eval runs engine/core/eval_only.py instead.
 """
 import atexit
 import contextlib
@@ -24,12 +27,15 @@ import numpy as np
 import tensorflow as tf
 
 from engine.config import Config
-from engine.core import (checkpoint, evaluate, inputs, preemption,
-                         schedules, step)
+from engine.core import best, checkpoint, eval_only, evaluate, inputs
+from engine.core import callbacks as callbacks_lib
+from engine.core import ema as ema_lib
+from engine.core import preemption, schedules, step
 from engine.core.hooks import Hook, Rows
 from engine.core.optimizers import create_optimizer
 from engine.distribute import cluster, comm, devices, hang, memory, resources
 from engine.errors import ConfigError, flag_error
+from engine.report import export as export_lib
 from engine.report import reporting
 from engine.task import Task, metric_fns
 
@@ -47,6 +53,7 @@ class Result:
   weights: List[np.ndarray]  # final trainable weights, replica 0
   traces: int                # times the compiled loop was traced (want 1)
   model: keras.Model = None  # the trained model
+  averages: List[np.ndarray] = None  # --ema_decay: the averaged weights
 
   @property
   def losses(self) -> np.ndarray:
@@ -78,6 +85,9 @@ class _State:
   train_loop: object
   start_step: int
   total_steps: int
+  ema: object = None         # engine/core/ema.EMA with --ema_decay
+  best_state: object = None  # engine/core/best.BestState when one is kept
+  callbacks: list = dataclasses.field(default_factory=list)  # Keras's
 
 
 def check_model_dir(path: str, flag: str = "model_dir") -> None:
@@ -102,16 +112,20 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
            "chief" not in resolver.cluster_spec().as_dict()))
 
 
-def run(task: Task, config: Config, *, hooks: Sequence[Hook] = ()) -> Result:
+def run(task: Task, config: Config, *, hooks: Sequence[Hook] = (),
+        callbacks: Sequence[keras.callbacks.Callback] = ()) -> Result:
   """Trains `task` as `config` says; evaluates, checkpoints, exports.
 
   Call it after the host is set up (`engine.cli.run` does both; in Python,
   `engine.configure_host(cpu_devices)` before TensorFlow runs any op).
+  With --mode=eval it only evaluates a checkpoint (engine/core/eval_only.py).
 
   Args:
     task: what to train.
     config: how to train it.
     hooks: more `Hook`s, called after every host call (e.g. a timer).
+    callbacks: Keras callbacks, called at host-call boundaries
+      (engine/core/callbacks.py).
 
   Raises:
     ConfigError: a bad device, data set, output directory or task mistake,
@@ -119,9 +133,15 @@ def run(task: Task, config: Config, *, hooks: Sequence[Hook] = ()) -> Result:
     ClusterError: a lost peer or a stuck collective (engine/distribute/hang.py).
     FloatingPointError: the loss or gradient norm became NaN or infinite.
   """
+  callbacks = callbacks_lib.check(callbacks)
+  if config.loop.mode == "eval":
+    path = eval_only.find_checkpoint(config.checkpoints)  # before set-up
+    return Result(*eval_only.evaluate_checkpoint(
+        task, config, _set_up(config), path, build_model))
   setup = _set_up(config)
   state = _build_state(task, config, setup)
-  if state.start_step >= state.total_steps:
+  if (state.start_step >= state.total_steps or
+      _stopped_early(config.loop.early_stopping_patience, state)):
     return _nothing_to_train(config, setup, state)
   # One thread bounds every call that can wait on peers; no collective has a
   # timeout of its own (engine/distribute/hang.py).
@@ -131,16 +151,18 @@ def run(task: Task, config: Config, *, hooks: Sequence[Hook] = ()) -> Result:
       peer_messages=cluster.peer_messages(),
       name_stuck=cluster.stuck_peers_line) as watch:
     stop = preemption.StopAgreement(exchanged=_exchanged(config, setup))
+    state.callbacks = callbacks
     hook_list, closers = _make_hooks(task, config, setup, state, watch, hooks,
                                      stop)
     try:
-      history, steady = _loop(state, config.loop.steps_per_loop, hook_list,
-                              watch, stop)
+      history, steady, stopped = _loop(state, config.loop.steps_per_loop,
+                                       hook_list, watch, stop)
     finally:
       for close in closers:
         close()
     cluster.stop_watchdog()  # the last collective is done; peers may exit
     summary = _summarize(task, config, setup, state, history, steady)
+    summary.update(stopped)
     for h in hook_list:
       h.end(summary)
   return _finish(task, config, setup, state, summary, history)
@@ -153,10 +175,18 @@ def _nothing_to_train(config: Config, setup: _Setup, state: _State) -> Result:
   and no collective runs. The Result holds the earlier summary.json.
   """
   model_dir = config.checkpoints.model_dir
-  logging.warning(
-      "nothing to train: %s already holds step %d of %d; start over with a "
-      "new --model_dir, or train further with a larger --train_steps or "
-      "--epochs.", model_dir, state.start_step, state.total_steps)
+  if state.start_step < state.total_steps:
+    logging.warning(
+        "nothing to train: %s stopped early at step %d of %d, after %d "
+        "evaluations without improvement; start over with a new "
+        "--model_dir, or train further with a larger "
+        "--early_stopping_patience.", model_dir, state.start_step,
+        state.total_steps, int(state.best_state.since.numpy()))
+  else:
+    logging.warning(
+        "nothing to train: %s already holds step %d of %d; start over with "
+        "a new --model_dir, or train further with a larger --train_steps or "
+        "--epochs.", model_dir, state.start_step, state.total_steps)
   cluster.stop_watchdog()
   summary = {}
   path = os.path.join(model_dir, "summary.json")
@@ -167,7 +197,13 @@ def _nothing_to_train(config: Config, setup: _Setup, state: _State) -> Result:
     shutil.rmtree(setup.output_dir, ignore_errors=True)
   return Result(summary, {n: np.zeros(0, np.float32) for n in state.names},
                 [np.array(v.numpy()) for v in state.model.trainable_variables],
-                0, state.model)
+                0, state.model, state.ema and state.ema.values())
+
+
+def _stopped_early(patience: int, state: _State) -> bool:
+  """Whether the checkpoint resumed from is where early stopping ended."""
+  return bool(patience and state.best_state is not None and
+              int(state.best_state.since.numpy()) >= patience)
 
 
 def _set_up(config: Config) -> _Setup:
@@ -198,6 +234,7 @@ def _set_up(config: Config) -> _Setup:
 def _build_state(task: Task, config: Config, setup: _Setup) -> _State:
   strategy = setup.strategy
   metrics = metric_fns(task)
+  best.check_metric(config.checkpoints.keep_best, evaluate.eval_keys(metrics))
   context = inputs.input_context(strategy)
   keras.utils.set_random_seed(config.loop.seed)
   data = inputs.TrainData(task, context, config.data, setup.global_batch,
@@ -220,8 +257,16 @@ def _build_state(task: Task, config: Config, setup: _Setup) -> _State:
         config.optimization, total_steps=total_steps,
         steps_per_epoch=data.steps_per_epoch, global_batch=setup.global_batch)
     # Built here, in the scope and before the first tf.function call, so the
-    # slots are mirrored variables and not created inside the trace.
+    # slots are mirrored variables and not created inside the trace; the
+    # averages and the best evaluation's record likewise.
     optimizer.build(model.trainable_variables)
+    ema = (ema_lib.EMA(model.trainable_variables, config.loop.ema_decay)
+           if config.loop.ema_decay else None)
+    best_state = (best.BestState() if best.tracked_metric(
+        config.checkpoints.keep_best, config.loop.early_stopping_patience)
+                  else None)
+  extras = {k: v.trackable() for k, v in (("ema", ema), ("best", best_state))
+            if v is not None}
   # Every worker resumes from the chief's checkpoints (model_dir must be
   # shared storage across hosts) and saves into its own output_dir.
   ckpt = config.checkpoints
@@ -229,7 +274,7 @@ def _build_state(task: Task, config: Config, setup: _Setup) -> _State:
       os.path.join(ckpt.model_dir, "checkpoints"),
       os.path.join(setup.output_dir, "checkpoints"), model, optimizer,
       model_dir=ckpt.model_dir, keep=ckpt.keep_checkpoints,
-      allow_resume_change=ckpt.allow_resume_change)
+      allow_resume_change=ckpt.allow_resume_change, extras=extras)
   identity = checkpoint.run_identity(described, setup.replicas,
                                      setup.global_batch)
   start_step = checkpointer.restore(identity)
@@ -243,10 +288,12 @@ def _build_state(task: Task, config: Config, setup: _Setup) -> _State:
           task, model, optimizer, metrics,
           distribution=config.distribution,
           optimization=config.optimization,
-          batch_size_per_replica=config.data.batch_size_per_replica),
+          batch_size_per_replica=config.data.batch_size_per_replica,
+          ema=ema),
       names, exchange_votes=_exchanged(config, setup))
   return _State(model, optimizer, checkpointer, metrics, names, data,
-                iterator, train_loop, start_step, total_steps)
+                iterator, train_loop, start_step, total_steps, ema,
+                best_state)
 
 
 def build_model(task: Task, config: Config) -> keras.Model:
@@ -298,13 +345,22 @@ def _make_hooks(task: Task, config: Config, setup: _Setup, state: _State,
       start_step=state.start_step,
       total_steps=state.total_steps,
       steps_per_epoch=state.data.steps_per_epoch, names=state.names)
+  after_eval = [reporting.eval_writer(report_hooks)]
   eval_hook = _eval_hook(task, config, setup, state, watch,
-                         reporting.eval_writer(report_hooks))
+                         lambda s, m: [f(s, m) for f in after_eval])
+  best_hook = _best_hook(task, config, setup, state)
+  callback_hook = callbacks_lib.make_hook(
+      state.callbacks, state.model, stop=stop, start_step=state.start_step,
+      total_steps=state.total_steps,
+      steps_per_epoch=state.data.steps_per_epoch)
+  # After the eval hook, which hands them each evaluation.
+  loop_hooks = [h for h in (best_hook, callback_hook) if h is not None]
+  after_eval += [h.on_eval for h in loop_hooks]
   comm_hook = comm.CommHook(config.distribution, config.optimization,
                             config.data.batch_size_per_replica,
                             state.optimizer, state.model.trainable_variables,
                             setup.replicas)
-  hook_list = [*report_hooks, *extra, eval_hook, comm_hook,
+  hook_list = [*report_hooks, *extra, eval_hook, *loop_hooks, comm_hook,
                memory.TrimHook(setup.malloc_tuned), resource_hook, ckpt_hook]
   return hook_list, [ckpt_hook.close, lambda: reporting.close(hook_list)]
 
@@ -319,10 +375,13 @@ def _eval_hook(task, config, setup, state, watch, on_result):
                              setup.global_batch)
   keys = evaluate.eval_keys(state.metrics)
   every = config.loop.eval_every
-  if built is None:
-    if every:
-      raise flag_error("eval_every", every,
-                       f"task {task.name} has no evaluation data "
+  if built is None or config.loop.mode == "train":
+    needs = [(f, v) for f, v in (
+        ("eval_every", every), ("keep_best", config.checkpoints.keep_best),
+        ("early_stopping_patience", config.loop.early_stopping_patience))
+             if v]
+    if built is None and needs:
+      raise flag_error(*needs[0], f"task {task.name} has no evaluation data "
                        "(build_inputs('eval') returned None).")
     return evaluate.EvalHook(None, 0, state.total_steps, keys=keys)
   dataset, num_examples = built
@@ -333,7 +392,30 @@ def _eval_hook(task, config, setup, state, watch, on_result):
                                  state.metrics, dataset, num_examples,
                                  setup.global_batch, watch)
   return evaluate.EvalHook(evaluator, every or state.data.steps_per_epoch,
-                           state.total_steps, on_result, keys=keys)
+                           state.total_steps, on_result, keys=keys,
+                           weights=lambda: ema_lib.swapped(state.ema))
+
+
+def _best_hook(task, config, setup, state):
+  """--keep_best / --early_stopping_patience's hook, or None."""
+  metric = best.tracked_metric(config.checkpoints.keep_best,
+                               config.loop.early_stopping_patience)
+  if not metric or config.loop.mode == "train":
+    return None
+  on_best = None
+  if config.checkpoints.keep_best:
+    best_dir = os.path.join(setup.output_dir, "best")
+
+    def export(path):
+      with ema_lib.swapped(state.ema):
+        export_lib.export(state.model, path, task, state.data.features_spec)
+    on_best = best.best_saver(
+        best_dir,
+        lambda s: state.checkpointer.save_best(
+            os.path.join(best_dir, "checkpoints"), s),
+        export if config.reporting.export else None)
+  return best.BestHook(metric, config.loop.early_stopping_patience,
+                       state.best_state, on_best)
 
 
 def _loop(state: _State, steps_per_loop: int, hook_list, watch, stop):
@@ -343,13 +425,20 @@ def _loop(state: _State, steps_per_loop: int, hook_list, watch, stop):
   the steady-state throughput. Later calls run `steps_per_loop` steps, ended
   early where a hook needs control at an exact step.
 
+  A hook's `stop_reason`, or a vote to finish the host call carried
+  (engine/core/preemption.py), ends the loop early on every worker alike.
+
   Returns:
-    (history: {name: values per step}, (steady examples, steady seconds)).
+    (history: {name: values per step}, (steady examples, steady seconds),
+    {"stop_step", "stop_reason"}: both None unless the loop ended early).
   """
   history, done = _History(len(state.names)), state.start_step
   steady_examples, steady_seconds = 0.0, 0.0
   loss_at = state.names.index("loss")
   norm_at = state.names.index("grad_norm")
+  stopped = {"stop_step": None, "stop_reason": None}
+  for h in hook_list:
+    h.begin(done)
   while done < state.total_steps:
     end = min([state.total_steps, done + steps_per_loop] +
               [h.next_stop(done) for h in hook_list])
@@ -373,9 +462,19 @@ def _loop(state: _State, steps_per_loop: int, hook_list, watch, stop):
     for h in hook_list:
       h.after_loop(done, rows, seconds)
     history.add(out)
+    # The same answer on every worker at the same step: votes summed by the
+    # host call, or hooks deciding from all-reduced values.
+    reasons = [r for r in [stop.finish_reason(votes)] +
+               [h.stop_reason() for h in hook_list] if r]
+    if reasons and done < state.total_steps:
+      stopped = {"stop_step": done, "stop_reason": "; ".join(reasons)}
+      # A warning, so that every worker logs it (not only the chief).
+      logging.warning("Stopping at step %d of %d: %s.", done,
+                      state.total_steps, stopped["stop_reason"])
+      break
   values = history.values()
   return ({name: values[:, k] for k, name in enumerate(state.names)},
-          (steady_examples, steady_seconds))
+          (steady_examples, steady_seconds), stopped)
 
 
 class _History:
@@ -461,6 +560,8 @@ def _summarize(task, config, setup, state, history, steady) -> dict:
       **task.describe(),
       "malloc_tuned": setup.malloc_tuned,
       "collectives_per_step": collectives,
+      "mode": config.loop.mode,
+      "ema_decay": config.loop.ema_decay,
   })
   return summary
 
@@ -474,11 +575,13 @@ def _finish(task, config, setup, state, summary, history) -> Result:
   if config.checkpoints.weights_out:
     np.savez(os.path.join(setup.output_dir, config.checkpoints.weights_out),
              *weights)
-  reporting.finish(config.reporting, task, state.model,
-                   state.data.features_spec, chief=setup.chief,
-                   output_dir=setup.output_dir)
+  with ema_lib.swapped(state.ema):  # the export serves the averages
+    reporting.finish(config.reporting, task, state.model,
+                     state.data.features_spec, chief=setup.chief,
+                     output_dir=setup.output_dir)
   if not setup.chief:
     shutil.rmtree(setup.output_dir, ignore_errors=True)
   return Result(summary, history, weights,
-                state.train_loop.experimental_get_tracing_count(), state.model)
+                state.train_loop.experimental_get_tracing_count(), state.model,
+                state.ema and state.ema.values())
 

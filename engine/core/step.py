@@ -102,7 +102,7 @@ def check_forward(task: Task, model, metrics, element_spec) -> None:
 def make_replica_step(task: Task, model, optimizer, metrics, *,
                       distribution: DistributionConfig,
                       optimization: OptimizationConfig,
-                      batch_size_per_replica: int) -> Callable:
+                      batch_size_per_replica: int, ema=None) -> Callable:
   """Returns the per-replica step: forward, backward, one all-reduce, update.
 
   The loss is the mean over the examples actually present in the global batch:
@@ -118,6 +118,8 @@ def make_replica_step(task: Task, model, optimizer, metrics, *,
   `--clip_global_norm` clips the all-reduced mean gradient, which every
   replica holds alike, so every replica applies the same clipped update:
   what one device with the whole global batch would do (docs/design.md).
+
+  `ema` (engine/core/ema.py), if given, is updated after every update.
   """
   options = communication_options(distribution)
   variables = model.trainable_variables
@@ -158,6 +160,9 @@ def make_replica_step(task: Task, model, optimizer, metrics, *,
     # reduction. Under loss scaling it unscales, and skips a step whose
     # reduced gradient is not finite, on every replica alike.
     optimizer.apply(grads, variables)
+    if ema is not None:
+      # No collective: every replica's weights are the same after the update.
+      ema.update(tf.cast(optimizer.iterations, tf.int64))
     # Every replica holds the same reduced gradient, so its norm divided by
     # the replica count sums back to the norm in the SUM reduce of the loop.
     norm_share = norm / scale / ctx.num_replicas_in_sync

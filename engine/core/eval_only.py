@@ -1,0 +1,124 @@
+"""--mode=eval: evaluate one checkpoint, write TensorBoard and summary.json.
+
+The model is built as for training (the task's, in the strategy's scope) and
+the checkpoint's weights restored into it; the optimizer is restored only
+for its update count, the step the evaluation is filed under. A checkpoint
+that holds weight averages (a run with --ema_decay) is evaluated with them,
+as that run's own evaluations were. The pass is engine/core/evaluate.py's,
+on any strategy and replica count, so it reproduces the training run's
+evaluation up to float32 summation order.
+"""
+import json
+import os
+
+from absl import logging
+import numpy as np
+import tensorflow as tf
+
+from engine.config import CheckpointConfig, Config
+from engine.core import checkpoint, evaluate, inputs, step
+from engine.core import ema as ema_lib
+from engine.core.optimizers import create_optimizer
+from engine.distribute import cluster, devices, hang
+from engine.errors import flag_error
+from engine.report import summaries
+from engine.task import Task, metric_fns
+
+
+def find_checkpoint(config: CheckpointConfig) -> str:
+  """The checkpoint --mode=eval evaluates.
+
+  Raises:
+    ConfigError: there is none (one line, before anything is built).
+  """
+  path = config.checkpoint
+  if not path:
+    directory = os.path.join(config.model_dir, "checkpoints")
+    latest = tf.train.latest_checkpoint(directory)
+    if latest is None:
+      raise flag_error("mode", "eval",
+                       f"no checkpoint in {directory} to evaluate; train "
+                       "there first, or pass --checkpoint=PATH.")
+    return latest
+  if tf.io.gfile.isdir(path):
+    latest = tf.train.latest_checkpoint(path)
+    if latest is None:
+      raise flag_error("checkpoint", path, "holds no checkpoint.")
+    return latest
+  if not tf.io.gfile.exists(path + ".index"):
+    raise flag_error("checkpoint", path,
+                     "is not a checkpoint (no .index file); give a ckpt-N "
+                     "path or a directory of checkpoints.")
+  return path
+
+
+def evaluate_checkpoint(task: Task, config: Config, setup, path: str,
+                        build_model):
+  """Evaluates checkpoint `path`; returns Result's fields.
+
+  Args:
+    setup: engine/core/run.py's _Setup (strategy, chief, output_dir...).
+    build_model: run.py's build_model(task, config).
+
+  Raises:
+    ConfigError: the task has no evaluation data, or the checkpoint is not
+      one of this task's model.
+  """
+  strategy = setup.strategy
+  metrics = metric_fns(task)
+  built = inputs.eval_inputs(task, inputs.input_context(strategy),
+                             setup.global_batch)
+  if built is None:
+    raise flag_error("mode", "eval", f"task {task.name} has no evaluation "
+                     "data (build_inputs('eval') returned None).")
+  dataset, num_examples = built
+  saved = checkpoint.saved_keys(path)
+  with strategy.scope():
+    model = build_model(task, config)
+    step.check_forward(task, model, metrics, dataset.element_spec)
+    optimizer = create_optimizer(config.optimization)
+    optimizer.build(model.trainable_variables)
+    averages = (ema_lib.EMA(model.trainable_variables, 0.5)
+                if "ema" in saved else None)
+  try:
+    checkpoint.restore(path, {"model": model},
+                       {"ema": averages.trackable()} if averages else {})
+    # Only its update count is wanted: other slots may differ in kind.
+    tf.train.Checkpoint(optimizer=optimizer).restore(path).expect_partial()
+  except (tf.errors.OpError, AssertionError, ValueError) as e:
+    raise flag_error("checkpoint", path,
+                     f"cannot be restored into task {task.name}'s model "
+                     f"({type(e).__name__}: {str(e).splitlines()[0][:200]})"
+                     ".") from e
+  global_step = int(optimizer.iterations.numpy())
+  logging.info("Evaluating %s (step %d%s) on %d examples.", path,
+               global_step, ", weight averages" if averages else "",
+               num_examples)
+  with hang.bounded_calls(
+      config.distribution.collective_timeout,
+      config.distribution.init_timeout,
+      peer_messages=cluster.peer_messages(),
+      name_stuck=cluster.stuck_peers_line) as watch:
+    evaluator = evaluate.Evaluator(strategy, task, model, metrics, dataset,
+                                   num_examples, setup.global_batch, watch)
+    with ema_lib.swapped(averages):
+      results = evaluator.evaluate()
+    cluster.stop_watchdog()
+  writer = summaries.SummaryHook(setup.output_dir, (), enabled=setup.chief,
+                                 every=0, learning_rate=lambda: 0.0)
+  writer.write_eval(global_step, results)
+  summary = {
+      "mode": "eval", "checkpoint": path, "global_step": global_step,
+      "ema": averages is not None, **results,
+      "num_replicas": setup.replicas, "num_workers": setup.workers,
+      "global_batch_size": setup.global_batch,
+      "strategy": config.distribution.strategy,
+      "cross_device_impl": devices.describe(strategy),
+      "task": task.name, **task.describe(),
+  }
+  with open(os.path.join(setup.output_dir, "summary.json"), "w") as f:
+    json.dump(summary, f, indent=2)
+  logging.info("Done: %s", json.dumps(summary))
+  weights = [np.array(v.numpy()) for v in model.trainable_variables]
+  return (summary, {}, weights, evaluator.traces, model,
+          averages and averages.values())

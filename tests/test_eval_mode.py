@@ -1,0 +1,88 @@
+"""--mode=eval and --mode=train, and the bad input of issue 18's loop flags."""
+import json
+import re
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, engine_cmd, read_scalars, run_job, tiny_config
+from engine.errors import ConfigError
+
+EVAL = dict(synthetic_examples=64, eval_split="train[:37]", train_steps=6,
+            learning_rate=0.01, steps_per_loop=3)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  model_dir = tmp_path_factory.mktemp("trained")
+  return model_dir, run_job(tiny_config(strategy="one_device",
+                                        model_dir=str(model_dir), **EVAL))
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_eval_mode_reproduces_the_train_runs_last_evaluation(
+    trained, tmp_path, replicas):
+  train_dir, train = trained
+  if replicas == 1:  # the latest checkpoint of its own model_dir
+    model_dir, extra = train_dir, {}
+  else:
+    model_dir = tmp_path
+    extra = dict(checkpoint=str(train_dir / "checkpoints"), cpu_devices=2)
+  result = run_job(tiny_config(mode="eval", model_dir=str(model_dir),
+                               **EVAL, **extra))
+  s = json.loads((model_dir / "summary.json").read_text())
+  assert s == result.summary
+  assert s["mode"] == "eval" and s["num_replicas"] == replicas
+  assert s["checkpoint"] == str(train_dir / "checkpoints" / "ckpt-6")
+  assert s["global_step"] == 6 and s["eval_examples"] == 37
+  for key in ("eval_loss", "eval_accuracy", "eval_top5_accuracy"):
+    np.testing.assert_allclose(s[key], train.summary[key], rtol=1e-5)
+  assert read_scalars(model_dir / "eval")["loss"][6] == pytest.approx(
+      s["eval_loss"], rel=1e-6)
+  for a, b in zip(result.weights, train.weights):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_train_mode_skips_evaluation(tmp_path):
+  s = run_job(tiny_config(mode="train", model_dir=str(tmp_path),
+                          **EVAL)).summary
+  assert s["eval_loss"] is None and s["mode"] == "train"
+  assert not (tmp_path / "eval").exists()
+
+
+@pytest.mark.parametrize("fields, line", [
+    (dict(mode="train", keep_best="eval_loss"),
+     "--keep_best=eval_loss: needs evaluation, which --mode=train skips"),
+    (dict(mode="train", early_stopping_patience=2),
+     "--early_stopping_patience=2: needs evaluation"),
+    (dict(checkpoint="/x"), "--checkpoint=/x: is read by --mode=eval only"),
+    (dict(ema_decay=1.0), "--ema_decay=1.0: must be 0 (no average) or in"),
+    (dict(keep_best="accuracy"), "--keep_best=accuracy: names an evaluation"),
+])
+def test_bad_combinations_are_refused(fields, line):
+  with pytest.raises(ConfigError, match="^" + re.escape(line)):
+    tiny_config(**fields)
+
+
+@pytest.mark.parametrize("flags, line", [
+    (["--keep_best=eval_nope", "--eval_split=train"],
+     "error: --keep_best=eval_nope: no such evaluation metric; valid: "
+     "eval_loss, eval_accuracy, eval_top5_accuracy."),
+    (["--mode=eval"], "error: --mode=eval: no checkpoint in {}/checkpoints "
+     "to evaluate; train there first, or pass --checkpoint=PATH."),
+])
+def test_bad_input_is_one_line_and_exit_2_before_training(tmp_path, flags,
+                                                          line):
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT)
+  out = subprocess.run(
+      engine_cmd("--model=small_cnn", "--image_size=32", "--train_steps=2",
+                 "--synthetic_examples=32", f"--model_dir={tmp_path}",
+                 *flags), cwd=ROOT, env=env, capture_output=True, text=True,
+      timeout=120)
+  assert out.returncode == 2, out.stderr[-2000:]
+  assert "Traceback" not in out.stderr
+  errors = [l for l in out.stderr.splitlines() if l.startswith("error: ")]
+  assert errors == [line.format(tmp_path)], out.stderr[-2000:]
+  assert os.listdir(tmp_path) == []  # nothing trained, nothing written
