@@ -13,6 +13,7 @@ of the first bad field; `Config` checks the combinations across sections.
 """
 import dataclasses
 import os
+import re
 from typing import Any, Dict, Optional, Tuple
 
 from engine.errors import ConfigError, flag_error
@@ -194,6 +195,28 @@ class ReportingConfig:
                        "counted from 1), e.g. 10,20.")
 
 
+@dataclasses.dataclass(frozen=True)
+class InitializationConfig:
+  """Where the weights start: fine-tuning (engine/core/init_weights.py)."""
+  # A .weights.h5 / .keras file, Keras's legacy ImageNet .h5 (mobilenet_v2),
+  # or a run's model_dir, checkpoints/ dir or checkpoint prefix; "" = random.
+  init_weights: str = ""
+  freeze: str = ""  # regex over layer names: those layers are not trained
+
+  def __post_init__(self):
+    path = self.init_weights
+    if path and not (os.path.exists(path) or
+                     os.path.exists(path + ".index")):
+      raise flag_error("init_weights", path,
+                       "does not exist; pass a .weights.h5 or .keras file, "
+                       "a run's model_dir or a checkpoint prefix.")
+    try:
+      re.compile(self.freeze)
+    except re.error as e:
+      raise flag_error("freeze", self.freeze,
+                       f"is not a regular expression ({e}).") from e
+
+
 SECTIONS = {
     "distribution": DistributionConfig,
     "data": DataConfig,
@@ -201,6 +224,7 @@ SECTIONS = {
     "loop": LoopConfig,
     "checkpoints": CheckpointConfig,
     "reporting": ReportingConfig,
+    "initialization": InitializationConfig,
 }
 
 
@@ -222,6 +246,7 @@ class Config:
   loop: LoopConfig = LoopConfig()
   checkpoints: CheckpointConfig = CheckpointConfig()
   reporting: ReportingConfig = ReportingConfig()
+  initialization: InitializationConfig = InitializationConfig()
 
   def __post_init__(self):
     dist, opt, data = self.distribution, self.optimization, self.data
