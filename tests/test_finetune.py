@@ -38,7 +38,7 @@ def test_init_from_a_runs_export_or_checkpoint_continues_its_eval_loss(
     then = run_job(tiny_config(
         model_dir=str(tmp_path / f"b_{source.name}"), init_weights=str(source),
         optimizer="sgd", learning_rate=1e-9, train_steps=1, eval_every=1,
-        **EVAL))
+        cpu_devices=2, **EVAL))  # loaded into mirrored variables
     assert then.summary["eval_loss"] == pytest.approx(last_eval, rel=1e-6)
   fresh = run_job(tiny_config(model_dir=str(tmp_path / "c"),
                               optimizer="sgd", learning_rate=1e-9,
