@@ -34,6 +34,7 @@ _API = {
     "DataConfig": "engine.config", "DistributionConfig": "engine.config",
     "LoopConfig": "engine.config", "OptimizationConfig": "engine.config",
     "ReportingConfig": "engine.config",
+    "InitializationConfig": "engine.config",
     "ClusterError": "engine.errors", "ConfigError": "engine.errors",
     "Hook": "engine.core.hooks", "Rows": "engine.core.hooks",
     "Result": "engine.core.run", "run": "engine.core.run",

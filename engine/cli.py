@@ -167,6 +167,13 @@ HELP = {
     "export": "At the end, write model.keras and a serving SavedModel to "
               "--export_dir.",
     "export_dir": "Where the model is exported (default model_dir/export).",
+    # Initialization.
+    "init_weights": "Start from these weights (variables matched by name and "
+                    "shape) unless resuming: a .weights.h5 or .keras file, a "
+                    "run's model_dir, checkpoints/ dir or checkpoint prefix; "
+                    "for mobilenet_v2 also Keras's ImageNet .h5 file.",
+    "freeze": "Regex over layer names: matching layers are not trained "
+              "(their BatchNormalization runs in inference mode).",
 }
 
 MakeTask = Callable[[config_lib.Config], Union["Task", Tuple["Task", config_lib.Config]]]

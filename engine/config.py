@@ -322,6 +322,26 @@ def _check_modes(loop: LoopConfig, ckpt: CheckpointConfig) -> None:
     raise flag_error("checkpoint", ckpt.checkpoint,
                      "is read by --mode=eval only; training resumes from "
                      "--model_dir.")
+@dataclasses.dataclass(frozen=True)
+class InitializationConfig:
+  """Where the weights start: fine-tuning (engine/core/init_weights.py)."""
+  # A .weights.h5 / .keras file, Keras's legacy ImageNet .h5 (mobilenet_v2),
+  # or a run's model_dir, checkpoints/ dir or checkpoint prefix; "" = random.
+  init_weights: str = ""
+  freeze: str = ""  # regex over layer names: those layers are not trained
+
+  def __post_init__(self):
+    path = self.init_weights
+    if path and not (os.path.exists(path) or
+                     os.path.exists(path + ".index")):
+      raise flag_error("init_weights", path,
+                       "does not exist; pass a .weights.h5 or .keras file, "
+                       "a run's model_dir or a checkpoint prefix.")
+    try:
+      re.compile(self.freeze)
+    except re.error as e:
+      raise flag_error("freeze", self.freeze,
+                       f"is not a regular expression ({e}).") from e
 
 
 SECTIONS = {
@@ -331,6 +351,7 @@ SECTIONS = {
     "loop": LoopConfig,
     "checkpoints": CheckpointConfig,
     "reporting": ReportingConfig,
+    "initialization": InitializationConfig,
 }
 
 
@@ -352,6 +373,7 @@ class Config:
   loop: LoopConfig = LoopConfig()
   checkpoints: CheckpointConfig = CheckpointConfig()
   reporting: ReportingConfig = ReportingConfig()
+  initialization: InitializationConfig = InitializationConfig()
 
   def __post_init__(self):
     _check_modes(self.loop, self.checkpoints)

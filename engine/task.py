@@ -120,6 +120,17 @@ class Task:
     del training
     return features, labels
 
+  def augment_batch(self, features, labels, step: tf.Tensor):
+    """Training only, after `preprocess_batch`: random changes to a global
+    batch (the built-in image task's --augment). `step` is the int64 index
+    of the step the batch trains (0 for the first). Keep the randomness a
+    pure function of (your seed, step, position in the batch), e.g.
+    tf.random.stateless_* with a seed made from them: resuming then sees the
+    same batches, and so do any number of replicas and workers. Identity by
+    default."""
+    del step
+    return features, labels
+
   def describe(self) -> Dict[str, object]:
     """JSON facts about the task for logs, summary.json and run.json.
 

@@ -3,7 +3,8 @@
 Training: each epoch is a seeded shuffle of the task's examples (the seed
 depends on --seed and the epoch number only), batched by the *global* batch
 (epochs never share a batch, so with --drop_remainder unset the last batch
-of an epoch is partial), then the task's `preprocess_batch`. Epochs follow
+of an epoch is partial), then the task's `preprocess_batch` and
+`augment_batch` (which gets the batch's step index). Epochs follow
 one another without end. The order is therefore a pure function of
 (seed, step): resuming at step s starts at epoch s // steps_per_epoch and
 skips what is left, reading at most one epoch again, and gives exactly the
@@ -117,8 +118,14 @@ class TrainData:
     ds = tf.data.Dataset.range(first_epoch, tf.int64.max).flat_map(epoch)
     ds = ds.skip(start_step - first_epoch * per_epoch)
     task = self._task
-    ds = ds.map(lambda f, l: task.preprocess_batch(f, l, training=True),
-                num_parallel_calls=tf.data.AUTOTUNE)
+
+    def prepare(step, batch):
+      features, labels = task.preprocess_batch(*batch, training=True)
+      return task.augment_batch(features, labels, step)
+
+    # Numbered after the skip: the number is the step that trains the batch.
+    ds = ds.enumerate(start=start_step).map(
+        prepare, num_parallel_calls=tf.data.AUTOTUNE)
     return _endless(_finish(ds, _DATA))
 
   @property

@@ -30,7 +30,7 @@ from engine.config import Config
 from engine.core import best, checkpoint, eval_only, evaluate, inputs
 from engine.core import callbacks as callbacks_lib
 from engine.core import ema as ema_lib
-from engine.core import preemption, schedules, step
+from engine.core import init_weights, preemption, schedules, step
 from engine.core.hooks import Hook, Rows
 from engine.core.optimizers import create_optimizer
 from engine.distribute import cluster, comm, devices, hang, memory, resources
@@ -277,6 +277,8 @@ def _build_state(task: Task, config: Config, setup: _Setup) -> _State:
       allow_resume_change=ckpt.allow_resume_change, extras=extras)
   identity = checkpoint.run_identity(described, setup.replicas,
                                      setup.global_batch)
+  init_weights.initialize(model, config.initialization, resuming=bool(
+      tf.train.latest_checkpoint(os.path.join(ckpt.model_dir, "checkpoints"))))
   start_step = checkpointer.restore(identity)
   checkpointer.write_identity(identity)
   # The pipeline is a pure function of (seed, step): resuming is skipping.
@@ -297,7 +299,8 @@ def _build_state(task: Task, config: Config, setup: _Setup) -> _State:
 
 
 def build_model(task: Task, config: Config) -> keras.Model:
-  """The task's model under the run's dtype policy, with sync BatchNorm set."""
+  """The task's model under the run's dtype policy, with sync BatchNorm set
+  and --freeze's layers frozen."""
   with _dtype_policy(config.optimization.mixed_precision):
     model = task.build_model()
   if not isinstance(model, keras.Model):
@@ -308,6 +311,8 @@ def build_model(task: Task, config: Config) -> keras.Model:
       # Read at call time (BatchNormalization._moments), so setting it on
       # built layers is enough.
       layer.synchronized = config.distribution.sync_batchnorm
+  if config.initialization.freeze:  # before the optimizer takes the variables
+    init_weights.freeze(model, config.initialization.freeze)
   return model
 
 

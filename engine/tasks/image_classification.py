@@ -14,7 +14,7 @@ there are more than 5 classes).
 """
 import dataclasses
 import os
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 from absl import flags
 
@@ -27,6 +27,8 @@ from engine.task import Task
 # used: this module (the flags, the config and its checks) loads without
 # TensorFlow, so `python -m engine.main` refuses a bad flag in a fraction of
 # a second.
+
+AUGMENT_OPS = ("flip", "crop")  # data/augment.py
 
 HELP = {
     "model": "mobilenet_v2 or small_cnn.",
@@ -42,6 +44,12 @@ HELP = {
     "synthetic_examples": "Examples in one epoch of the synthetic data set.",
     "cache": "Cache decoded images: memory, or a file path prefix (empty: no "
              "cache).",
+    "label_smoothing": "Label smoothing e of the cross-entropy (training and "
+                       "evaluation loss): 1-e on the label, e spread over "
+                       "all classes.",
+    "augment": "Training augmentation, a comma list: flip (random horizontal "
+               "flip), crop (pad-and-crop up to 64 px, random resized crop "
+               "above); seeded by --seed and the step.",
 }
 
 
@@ -58,6 +66,8 @@ class ImageClassificationConfig:
   num_classes: int = 10  # synthetic data set only; tfds data sets say their own
   synthetic_examples: int = 2048
   cache: str = ""  # "" = none, "memory", or a file path prefix
+  label_smoothing: float = 0.0
+  augment: str = ""  # comma list of data/augment.py's OPS; "" = none
 
   def __post_init__(self):
     if self.model not in models.MODELS:
@@ -78,10 +88,30 @@ class ImageClassificationConfig:
     if self.cache and self.dataset == "synthetic":
       raise flag_error("cache", self.cache, "the synthetic data set is "
                        "generated per batch and has nothing to cache; drop it.")
+    if not (isinstance(self.label_smoothing, (int, float)) and
+            0.0 <= self.label_smoothing < 1.0):
+      raise flag_error("label_smoothing", self.label_smoothing,
+                       "must be in [0, 1), e.g. 0.1.")
+    augment_ops(self.augment)
     cache_dir = os.path.dirname(os.path.abspath(self.cache))
     if self.cache not in ("", "memory") and not os.path.isdir(cache_dir):
       raise flag_error("cache", self.cache, f"directory {cache_dir} does not "
                        "exist; use memory or a path in an existing directory.")
+
+
+def augment_ops(text: str) -> Tuple[str, ...]:
+  """--augment's names: 'flip,crop' -> ('flip', 'crop'); '' -> ().
+
+  Raises:
+    ConfigError: an unknown name, or one named twice.
+  """
+  ops = tuple(op.strip() for op in text.split(",") if op.strip())
+  bad = [op for op in ops if op not in AUGMENT_OPS]
+  if bad or len(set(ops)) != len(ops):
+    what = f"{bad[0]!r} is unknown" if bad else "names an op twice"
+    raise flag_error("augment", text, f"{what}; a comma list of "
+                     f"{', '.join(AUGMENT_OPS)}, each once.")
+  return ops
 
 
 class ImageClassification(Task):
@@ -89,14 +119,24 @@ class ImageClassification(Task):
 
   Args:
     config: the task's flags.
-    seed: the run's --seed (synthetic images, tfds file order).
+    seed: the run's --seed (synthetic images, tfds file order, --augment).
+    init_weights: the run's --init_weights: Keras's ImageNet file for
+      mobilenet_v2 makes the inputs [-1, 1], what those weights expect.
   """
   serving_input_name = "images"
 
-  def __init__(self, config: ImageClassificationConfig, seed: int = 42):
+  def __init__(self, config: ImageClassificationConfig, seed: int = 42,
+               init_weights: str = ""):
     super().__init__(name="image_classification")
     self.config = config
     self._seed = seed
+    self._augment = augment_ops(config.augment)
+    # Images are [0, 1] (data/); keras.applications' ImageNet weights for
+    # MobileNetV2 were trained on [-1, 1] (mobilenet_v2.preprocess_input).
+    self._signed = False
+    if config.model == "mobilenet_v2" and init_weights:
+      from engine.core import init_weights as init_lib  # pylint: disable=g-import-not-at-top
+      self._signed = init_lib.is_legacy_h5(init_weights)
     self._sources: Dict[str, "data.Source"] = {}
     self._patterns = None
 
@@ -148,15 +188,27 @@ class ImageClassification(Task):
 
   def preprocess_batch(self, features, labels, training):
     del training
-    if self.config.dataset != "synthetic":
+    if self.config.dataset == "synthetic":
+      from data import synthetic  # pylint: disable=g-import-not-at-top
+      features, labels = synthetic.images_for(features, self._patterns,
+                                              self.config.num_classes)
+    if self._signed:
+      features = features * 2.0 - 1.0
+    return features, labels
+
+  def augment_batch(self, features, labels, step):
+    if not self._augment:
       return features, labels
-    from data import synthetic  # pylint: disable=g-import-not-at-top
-    return synthetic.images_for(features, self._patterns,
-                                self.config.num_classes)
+    from data import augment  # pylint: disable=g-import-not-at-top
+    return augment.augment(features, step, self._seed, self._augment), labels
 
   def per_example_loss(self, labels, outputs):
+    # Evaluation reports this loss too, smoothed, as Keras and official.core
+    # do: the training and evaluation losses stay comparable; accuracy is
+    # the measure that ignores the smoothing.
     from engine import classification  # pylint: disable=g-import-not-at-top
-    return classification.cross_entropy()(labels, outputs)
+    return classification.cross_entropy(self.config.label_smoothing)(
+        labels, outputs)
 
   def build_metrics(self):
     from engine import classification  # pylint: disable=g-import-not-at-top
@@ -167,7 +219,10 @@ class ImageClassification(Task):
     return {"model": self.config.model, "dataset": self.config.dataset,
             "image_size": self.config.image_size,
             "num_classes": len(source.class_names),
-            "class_names": list(source.class_names)}
+            "class_names": list(source.class_names),
+            "label_smoothing": self.config.label_smoothing,
+            "augment": list(self._augment),
+            "input_range": [-1, 1] if self._signed else [0, 1]}
 
   def serving_outputs(self, outputs):
     from engine import classification  # pylint: disable=g-import-not-at-top
@@ -194,7 +249,9 @@ def from_flags(config, flag_values=flags.FLAGS) -> ImageClassification:
     raise flag_error("eval_every", config.loop.eval_every,
                      "needs --eval_split, the split to evaluate on (e.g. "
                      "test or train[80%:]).")
-  return ImageClassification(task_config, seed=config.loop.seed)
+  return ImageClassification(
+      task_config, seed=config.loop.seed,
+      init_weights=config.initialization.init_weights)
 
 
 def configs(**fields):
@@ -203,7 +260,9 @@ def configs(**fields):
   What `python -m engine.main --name=value ...` builds, for Python callers:
 
       config, image = configs(model="small_cnn", train_steps=100)
-      engine.run(ImageClassification(image, seed=config.loop.seed), config)
+      engine.run(ImageClassification(
+          image, seed=config.loop.seed,
+          init_weights=config.initialization.init_weights), config)
 
   Raises:
     ConfigError: an unknown name or a bad value.

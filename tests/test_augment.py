@@ -1,0 +1,120 @@
+"""--augment and --label_smoothing: seeded per (seed, step, position),
+independent of the replica count, resumed exactly, training only."""
+import subprocess
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import (ROOT, engine_cmd, eval_batches, run_job, tiny_config,
+                      train_batches)
+from data import augment
+from engine.errors import ConfigError
+
+AUG = dict(augment="flip,crop", eval_split="train[:40]")
+
+
+def _images(ds, n):
+  return [batch[0].numpy() for batch in ds.take(n)]
+
+
+def test_training_batches_are_a_function_of_seed_and_step():
+  j = tiny_config(**AUG)
+  first, _ = train_batches(j, 16)
+  again, _ = train_batches(j, 16)
+  resumed, _ = train_batches(j, 16, start_step=2)
+  a, b, r = _images(first, 4), _images(again, 4), _images(resumed, 2)
+  for x, y in zip(a, b):
+    np.testing.assert_array_equal(x, y)
+  np.testing.assert_array_equal(a[2], r[0])
+  np.testing.assert_array_equal(a[3], r[1])
+  plain, _ = train_batches(tiny_config(eval_split="train[:40]"), 16)
+  for x, y in zip(a, _images(plain, 4)):
+    assert np.abs(x - y).max() > 0.1  # augmentation changed the images
+  # Evaluation is never augmented.
+  aug_eval, n = eval_batches(j, 16)
+  plain_eval, m = eval_batches(tiny_config(eval_split="train[:40]"), 16)
+  assert n == m == 40
+  for x, y in zip(aug_eval, plain_eval):
+    np.testing.assert_array_equal(x[0].numpy(), y[0].numpy())
+
+
+def test_flip_and_crop_change_pixels_as_documented():
+  images = tf.random.stateless_uniform([64, 32, 32, 3], [1, 2]) + 0.5
+  flipped = augment.augment(images, 3, 7, ["flip"]).numpy()
+  mirror = images.numpy()[:, :, ::-1]
+  is_flipped = [np.array_equal(f, m) for f, m in zip(flipped, mirror)]
+  kept = [np.array_equal(f, i) for f, i in zip(flipped, images.numpy())]
+  assert all(f or k for f, k in zip(is_flipped, kept))
+  assert 16 < sum(is_flipped) < 48  # about half, per example
+  again = augment.augment(images, 3, 7, ["flip"]).numpy()
+  other_step = augment.augment(images, 4, 7, ["flip"]).numpy()
+  np.testing.assert_array_equal(flipped, again)
+  assert not np.array_equal(flipped, other_step)
+  # 32 px: pad 4 with zeros, crop back; pixels copied exactly.
+  cropped = augment.augment(images, 3, 7, ["crop"]).numpy()
+  zeros = (cropped == 0).all(axis=-1)
+  assert zeros.any() and zeros.mean() < 0.3
+  inside = cropped[~zeros]
+  assert np.isin(inside[:, 0], images.numpy()[..., 0]).all()
+  assert not np.array_equal(cropped, augment.augment(images, 4, 7,
+                                                     ["crop"]).numpy())
+  # Larger images: a random resized crop, no padding.
+  big = tf.image.resize(images[:4], [96, 96])
+  crop = augment.augment(big, 3, 7, ["crop"]).numpy()
+  assert crop.shape == (4, 96, 96, 3) and crop.min() > 0.4
+  assert np.abs(crop - big.numpy()).max() > 0.05
+
+
+def test_one_and_two_replicas_agree_with_augmentation(tmp_path):
+  kw = dict(optimizer="sgd", learning_rate=0.05, train_steps=4,
+            synthetic_examples=64, label_smoothing=0.1, **AUG)
+  one = run_job(tiny_config(cpu_devices=1, batch_size_per_replica=16,
+                            model_dir=str(tmp_path / "one"), **kw))
+  two = run_job(tiny_config(cpu_devices=2, batch_size_per_replica=8,
+                            model_dir=str(tmp_path / "two"), **kw))
+  assert one.summary["augment"] == ["flip", "crop"]
+  assert one.summary["label_smoothing"] == 0.1
+  for a, b in zip(one.weights, two.weights):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_resume_with_augmentation_is_exact(tmp_path):
+  kw = dict(cpu_devices=2, optimizer="adam", learning_rate=0.01,
+            synthetic_examples=40, steps_per_loop=4, **AUG)
+  whole = run_job(tiny_config(train_steps=8,
+                              model_dir=str(tmp_path / "whole"), **kw))
+  part_dir = str(tmp_path / "parts")
+  # 40 examples, global batch 16: 3 steps per epoch; stop mid-epoch.
+  run_job(tiny_config(train_steps=4, model_dir=part_dir, **kw))
+  rest = run_job(tiny_config(train_steps=8, model_dir=part_dir, **kw))
+  assert rest.summary["start_step"] == 4
+  np.testing.assert_allclose(rest.losses, whole.losses[4:], rtol=0,
+                             atol=1e-6)
+  for a, b in zip(rest.weights, whole.weights):
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+
+
+def test_label_smoothing_is_the_task_loss():
+  task = tiny_config(label_smoothing=0.2, num_classes=4).task()
+  logits = tf.constant([[2.0, 0.5, -1.0, 0.0], [0.1, 0.2, 0.3, 3.0]])
+  labels = tf.constant([0, 1])
+  target = np.full((2, 4), 0.2 / 4) + 0.8 * np.eye(4)[[0, 1]]
+  log_p = tf.nn.log_softmax(logits).numpy()
+  np.testing.assert_allclose(task.per_example_loss(labels, logits),
+                             -(target * log_p).sum(axis=1), rtol=1e-6)
+
+
+def test_bad_flags_are_one_line():
+  with pytest.raises(ConfigError, match=r"^--label_smoothing=1.0: must be in "
+                     r"\[0, 1\)"):
+    tiny_config(label_smoothing=1.0)
+  with pytest.raises(ConfigError, match="^--augment=flip,flip: names an op"):
+    tiny_config(augment="flip,flip")
+  flag = "--augment=flip,rotate"
+  proc = subprocess.run(engine_cmd(flag), cwd=ROOT, capture_output=True,
+                        text=True, timeout=120, check=False)
+  lines = [l for l in proc.stderr.splitlines() if l.startswith("error: ")]
+  assert proc.returncode == 2 and lines == [
+      f"error: {flag}: 'rotate' is unknown; a comma list of flip, crop, "
+      "each once."], proc.stderr[-2000:]
