@@ -105,7 +105,7 @@ def evaluate_checkpoint(task: Task, config: Config, setup, path: str,
       results = evaluator.evaluate()
     cluster.stop_watchdog()
   writer = summaries.SummaryHook(setup.output_dir, (), enabled=setup.chief,
-                                 every=0, learning_rate=lambda: 0.0)
+                                 every=0)
   writer.write_eval(global_step, results)
   summary = {
       "mode": "eval", "checkpoint": path, "global_step": global_step,
