@@ -1,5 +1,8 @@
 """--augment and --label_smoothing: seeded per (seed, step, position),
-independent of the replica count, resumed exactly, training only."""
+independent of the replica count, resumed exactly, training only; and the
+whole recipe (schedule, AdamW, clipping, EMA, augmentation) resumed exactly."""
+import os
+import signal
 import subprocess
 
 import numpy as np
@@ -9,6 +12,8 @@ import tensorflow as tf
 from conftest import (ROOT, engine_cmd, eval_batches, run_job, tiny_config,
                       train_batches)
 from data import augment
+import engine
+from engine.core import checkpoint
 from engine.errors import ConfigError
 
 AUG = dict(augment="flip,crop", eval_split="train[:40]")
@@ -79,20 +84,49 @@ def test_one_and_two_replicas_agree_with_augmentation(tmp_path):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_resume_with_augmentation_is_exact(tmp_path):
-  kw = dict(cpu_devices=2, optimizer="adam", learning_rate=0.01,
-            synthetic_examples=40, steps_per_loop=4, **AUG)
+class _SigtermAt(engine.Hook):
+  """Sends this process SIGTERM after the host call that ends at `at`."""
+
+  def __init__(self, at):
+    self._at = at
+
+  def after_loop(self, step, rows, seconds):
+    if step == self._at:
+      os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_resume_with_the_whole_recipe_is_exact(tmp_path):
+  """Issue 18's resume test: warmup + cosine, AdamW with weight decay,
+  clipping, label smoothing, EMA and augmentation all on; stopped mid-epoch
+  and resumed, it ends where the uninterrupted run ends (weights, the
+  per-step losses and rates, and the averages)."""
+  kw = dict(cpu_devices=2, optimizer="adamw", learning_rate=0.01,
+            weight_decay=0.05, lr_schedule="cosine", warmup_steps=2,
+            clip_global_norm=1.0, label_smoothing=0.1, ema_decay=0.9,
+            synthetic_examples=40, steps_per_loop=2, **AUG)
   whole = run_job(tiny_config(train_steps=8,
                               model_dir=str(tmp_path / "whole"), **kw))
   part_dir = str(tmp_path / "parts")
-  # 40 examples, global batch 16: 3 steps per epoch; stop mid-epoch.
-  run_job(tiny_config(train_steps=4, model_dir=part_dir, **kw))
+  # 40 examples, global batch 16: 3 steps per epoch, an evaluation at each
+  # epoch's end. Host calls end at steps 1, 3, 5, 6, 8: a SIGTERM after step
+  # 5 (mid-epoch) preempts the run there, as a scheduler would; the same
+  # command then resumes it.
+  with pytest.raises(checkpoint.Preempted, match="SIGTERM at step 5; "):
+    run_job(tiny_config(train_steps=8, model_dir=part_dir, **kw),
+            hooks=[_SigtermAt(5)])
   rest = run_job(tiny_config(train_steps=8, model_dir=part_dir, **kw))
-  assert rest.summary["start_step"] == 4
-  np.testing.assert_allclose(rest.losses, whole.losses[4:], rtol=0,
+  assert rest.summary["start_step"] == 5
+  np.testing.assert_allclose(rest.losses, whole.losses[5:], rtol=0,
                              atol=1e-6)
-  for a, b in zip(rest.weights, whole.weights):
+  np.testing.assert_allclose(rest.history["learning_rate"],
+                             whole.history["learning_rate"][5:], rtol=1e-7)
+  assert whole.history["learning_rate"][0] == 0.0  # warmup starts at 0
+  for a, b in zip(rest.weights + rest.averages,
+                  whole.weights + whole.averages):
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+  # The averages are not the weights (else the EMA check would be empty).
+  assert max(np.abs(a - w).max() for a, w in
+             zip(whole.averages, whole.weights)) > 1e-4
 
 
 def test_label_smoothing_is_the_task_loss():
