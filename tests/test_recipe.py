@@ -1,17 +1,12 @@
 """The recipe beats a constant learning rate on real data (scikit-learn's
 digits): benchmarks/recipe.py, reduced to 3000 steps.
 
-Needs scikit-learn (the `test` extra) and the engine's --lr_schedule and
---warmup_steps (issue 18, item 1).
+scikit-learn comes with the `test` extra (`make test` installs it).
 """
-import pytest
-
 from benchmarks import recipe
 
 
 def test_recipe_beats_a_constant_learning_rate(tmp_path, capsys):
-  pytest.importorskip("sklearn", reason="the digits ship in scikit-learn "
-                      "(pip install -e .[test])")
   digits = str(tmp_path / "digits")
   assert recipe.write_digits(digits) == 1797
   result = recipe.main(["--steps=3000", "--warmup_steps=150",
