@@ -28,7 +28,7 @@ run: $(STAMP)
 	$(PY) -m engine.main $(RUN_FLAGS)
 
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 tests
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.throughput
