@@ -27,9 +27,10 @@ def test_eval_mode_reproduces_the_train_runs_last_evaluation(
   train_dir, train = trained
   if replicas == 1:  # the latest checkpoint of its own model_dir
     model_dir, extra = train_dir, {}
-  else:
+  else:  # another run's checkpoints, with flags of another optimizer
     model_dir = tmp_path
-    extra = dict(checkpoint=str(train_dir / "checkpoints"), cpu_devices=2)
+    extra = dict(checkpoint=str(train_dir / "checkpoints"), cpu_devices=2,
+                 optimizer="sgd", momentum=0.9)
   result = run_job(tiny_config(mode="eval", model_dir=str(model_dir),
                                **EVAL, **extra))
   s = json.loads((model_dir / "summary.json").read_text())

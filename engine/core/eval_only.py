@@ -1,8 +1,9 @@
 """--mode=eval: evaluate one checkpoint, write TensorBoard and summary.json.
 
 The model is built as for training (the task's, in the strategy's scope) and
-the checkpoint's weights restored into it; the optimizer is restored only
-for its update count, the step the evaluation is filed under. A checkpoint
+the checkpoint's weights restored into it; of the optimizer only its update
+count is read, the step the evaluation is filed under (so the checkpoint of
+any optimizer evaluates, whatever --optimizer says now). A checkpoint
 that holds weight averages (a run with --ema_decay) is evaluated with them,
 as that run's own evaluations were. The pass is engine/core/evaluate.py's,
 on any strategy and replica count, so it reproduces the training run's
@@ -18,11 +19,14 @@ import tensorflow as tf
 from engine.config import CheckpointConfig, Config
 from engine.core import checkpoint, evaluate, inputs, step
 from engine.core import ema as ema_lib
-from engine.core.optimizers import create_optimizer
 from engine.distribute import cluster, devices, hang
 from engine.errors import flag_error
 from engine.report import summaries
 from engine.task import Task, metric_fns
+
+
+# The optimizer's update count in a checkpoint written by engine.run.
+_ITERATIONS = "optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"
 
 
 def find_checkpoint(config: CheckpointConfig) -> str:
@@ -76,21 +80,17 @@ def evaluate_checkpoint(task: Task, config: Config, setup, path: str,
   with strategy.scope():
     model = build_model(task, config)
     step.check_forward(task, model, metrics, dataset.element_spec)
-    optimizer = create_optimizer(config.optimization)
-    optimizer.build(model.trainable_variables)
     averages = (ema_lib.EMA(model.trainable_variables, 0.5)
                 if "ema" in saved else None)
   try:
     checkpoint.restore(path, {"model": model},
                        {"ema": averages.trackable()} if averages else {})
-    # Only its update count is wanted: other slots may differ in kind.
-    tf.train.Checkpoint(optimizer=optimizer).restore(path).expect_partial()
+    global_step = int(tf.train.load_variable(path, _ITERATIONS))
   except (tf.errors.OpError, AssertionError, ValueError) as e:
     raise flag_error("checkpoint", path,
                      f"cannot be restored into task {task.name}'s model "
                      f"({type(e).__name__}: {str(e).splitlines()[0][:200]})"
                      ".") from e
-  global_step = int(optimizer.iterations.numpy())
   logging.info("Evaluating %s (step %d%s) on %d examples.", path,
                global_step, ", weight averages" if averages else "",
                num_examples)
