@@ -12,13 +12,23 @@ batches an uninterrupted run would have seen.
 Evaluation: one pass in the task's order, batched the same way, with a
 partial last batch so that every example counts once.
 
-`strategy.experimental_distribute_dataset` then splits every global batch
-across the replicas of all workers (each worker reads the same batches and
-keeps its share), so the batches, and the results, do not depend on the
-number of replicas or workers.
+Training batches are split across the replicas of all workers exactly as
+`strategy.experimental_distribute_dataset` splits them (DATA sharding: every
+worker reads the same global batches and keeps its rows), but the task's
+`preprocess_batch` runs after the split, on each replica's rows only
+(`worker_batches`): the examples stay cheap (indices, paths, encoded bytes)
+until then, so a worker decodes 1/N of the images, not all of them. The
+batches, and the results, do not depend on the number of replicas or workers.
 """
+import re
+
 from absl import logging
+import numpy as np
 import tensorflow as tf
+# What tf.distribute runs to split a global batch among replicas and workers;
+# called here, in the same order, so the split stays exactly TensorFlow's.
+from tensorflow.python.data.experimental.ops import distribute as tf_split  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.distribute import input_ops  # pylint: disable=g-direct-tensorflow-import
 
 from engine.config import DataConfig
 from engine.core.checks import check_examples
@@ -98,8 +108,9 @@ class TrainData:
           f"fewer than one global batch ({global_batch}); lower "
           "--batch_size_per_replica or use more data.")
 
-  def batches(self, start_step: int = 0) -> tf.data.Dataset:
-    """Endless global batches from `start_step` on (see the module doc)."""
+  def global_items(self, start_step: int = 0) -> tf.data.Dataset:
+    """Endless global batches of the task's (cheap) examples from
+    `start_step` on, before `preprocess_batch` (see the module doc)."""
     data, seed, examples = self._data, self._seed, self._examples
     per_epoch = self.steps_per_epoch
     first_epoch = start_step // per_epoch
@@ -115,11 +126,54 @@ class TrainData:
     # set here, so the order depends on --seed and the epoch only.
     tf.random.set_seed(seed)
     ds = tf.data.Dataset.range(first_epoch, tf.int64.max).flat_map(epoch)
-    ds = ds.skip(start_step - first_epoch * per_epoch)
+    return ds.skip(start_step - first_epoch * per_epoch)
+
+  def worker_batches(self, context: tf.distribute.InputContext,
+                     start_step: int = 0) -> tf.data.Dataset:
+    """This worker's per-replica batches, in replica order, preprocessed.
+
+    What each worker runs (`distribute`): the global batches, split by
+    tf.distribute's own rebatch and DATA shard (the rows
+    `experimental_distribute_dataset` would give this worker's replicas,
+    partial batches included), then `preprocess_batch` on those rows only.
+    """
+    workers = context.num_input_pipelines
+    replicas = context.num_replicas_in_sync
+    ds = _with_options(self.global_items(start_step), _DATA)
+    if replicas > 1:
+      per_worker = replicas // workers
+      if self._data.drop_remainder:
+        # Static batches: tf.distribute rebatches by sizes for this worker.
+        sizes = tf_split.batch_sizes_for_worker(
+            self._global_batch, workers, per_worker, context.input_pipeline_id)
+        ds = ds.rebatch(sizes)
+      else:
+        # A batch size tf.distribute cannot read off the graph (partial
+        # batches): it splits each batch in `replicas` near-equal pieces.
+        ds = tf_split._LegacyRebatchDataset(ds, replicas)  # pylint: disable=protected-access
+      ds = ds.prefetch(per_worker)
+    if workers > 1:
+      ds = input_ops.auto_shard_dataset(ds, workers, context.input_pipeline_id,
+                                        replicas)
     task = self._task
     ds = ds.map(lambda f, l: task.preprocess_batch(f, l, training=True),
                 num_parallel_calls=tf.data.AUTOTUNE)
     return _endless(_finish(ds, _DATA))
+
+  def batches(self, start_step: int = 0) -> tf.data.Dataset:
+    """Whole global batches, preprocessed: what one replica trains on."""
+    return self.worker_batches(tf.distribute.InputContext(), start_step)
+
+  def distribute(self, strategy: tf.distribute.Strategy, start_step: int = 0):
+    """The distributed training iterator: each worker builds its own rows."""
+    return iter(strategy.distribute_datasets_from_function(
+        lambda context: self.worker_batches(context, start_step)))
+
+  def expected_examples(self, first_step: int, steps: int) -> np.ndarray:
+    """Examples the global batches of steps first_step+1.. hold, as made."""
+    position = (first_step + np.arange(steps)) % self.steps_per_epoch
+    left = self.num_examples - position * self._global_batch
+    return np.minimum(left, self._global_batch)
 
   @property
   def features_spec(self):
@@ -148,16 +202,38 @@ def eval_inputs(task: Task, context: tf.distribute.InputContext,
                  .AutoShardPolicy.AUTO else _DATA), n
 
 
+def input_error(e: tf.errors.OpError):
+  """The one-line ConfigError for a data error a task raised on purpose.
+
+  A task's pipeline refuses an example mid-training with
+  `tf.debugging.Assert(ok, ["--flag: problem", what])` (data/decode.py does
+  for --strict_images); the step's error then carries
+  `assertion failed: [--flag: problem] [what]`. Returns None for any other
+  error.
+  """
+  match = re.search(r"assertion failed: \[(--[^\]]+)\] \[+(.*?)\]",
+                    str(e.message))
+  if match is None:
+    return None
+  what = match.group(2).strip("\"'")
+  return ConfigError(f"{match.group(1)} {what}; fix or remove it (the "
+                     "latest checkpoint is intact).")
+
+
 def _finish(ds: tf.data.Dataset, policy) -> tf.data.Dataset:
   """tf.data options, set once here for training and evaluation.
 
   The auto-shard policy is explicit so MultiWorkerMirroredStrategy neither
   guesses nor warns. Parallel map calls and prefetching are AUTOTUNE.
   """
+  return _with_options(ds, policy).prefetch(tf.data.AUTOTUNE)
+
+
+def _with_options(ds: tf.data.Dataset, policy) -> tf.data.Dataset:
   options = tf.data.Options()
   options.deterministic = True
   options.experimental_distribute.auto_shard_policy = policy
-  return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
+  return ds.with_options(options)
 
 
 def _endless(ds: tf.data.Dataset) -> tf.data.Dataset:
