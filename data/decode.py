@@ -4,8 +4,8 @@ The engine hands a task's `preprocess_batch` each worker's own rows of every
 global batch (engine/core/inputs.py), so the images of a batch are decoded
 here, by the worker that trains on them, and nowhere else. A row whose image
 cannot be decoded (corrupt, truncated, not an image) is dropped from the
-rows, named in the log (a TensorFlow warning line `skipped image ...`), and
-the step's loss is the mean over the rows left: the engine counts the
+rows, named on stderr (`warning: skipped image(s) that cannot be decoded:
+[...]`), and the step's loss is the mean over the rows left: the engine counts the
 examples really in a batch, so the drop weighs the same on any number of
 replicas or workers. With `strict`, the first such row is an error instead
 (`STRICT_MARKER` + its name; the engine turns it into one `error:` line).
@@ -14,6 +14,7 @@ replicas or workers. With `strict`, the first such row is an error instead
 on: it shows that N workers each decode 1/N of the images.
 """
 import collections
+import sys
 
 import tensorflow as tf
 
@@ -43,10 +44,6 @@ class _Counter:
 counter = _Counter()
 
 
-def _read(item, from_files: bool):
-  return tf.io.read_file(item) if from_files else item
-
-
 def decode_rows(items, labels, image_size: int, *, from_files: bool,
                 strict: bool, source: str):
   """(images float32 [n', S, S, 3] in [0, 1], labels [n']) of decodable rows.
@@ -63,8 +60,8 @@ def decode_rows(items, labels, image_size: int, *, from_files: bool,
   counter.count(source, n)
 
   def load(i, item):
-    image = tf.io.decode_image(_read(item, from_files), channels=3,
-                               expand_animations=False)
+    encoded = tf.io.read_file(item) if from_files else item
+    image = tf.io.decode_image(encoded, channels=3, expand_animations=False)
     image = tf.image.resize(image, [image_size, image_size]) / 255.0
     return i, image
 
@@ -87,9 +84,9 @@ def decode_rows(items, labels, image_size: int, *, from_files: bool,
   else:
     check = tf.cond(
         tf.size(lost) > 0,
-        lambda: tf.print("skipped image(s) that cannot be decoded:", names,
-                         output_stream=tf.compat.v1.logging.warning,
-                         summarize=-1),
+        # stderr, not TensorFlow's log, which TF_CPP_MIN_LOG_LEVEL silences.
+        lambda: tf.print("warning: skipped image(s) that cannot be decoded:",
+                         names, output_stream=sys.stderr, summarize=-1),
         tf.no_op)
   with tf.control_dependencies([check]):
     return tf.identity(images), tf.gather(labels, kept)
