@@ -236,3 +236,29 @@ def test_listing_cache_is_reused_and_invalidated(images, tmp_path,
       image_classification.ImageClassificationConfig(
           model="small_cnn", dataset=f"folder:{root}"), listing_dir=cache)
   assert task.num_examples("train") == len(changed.paths)
+
+
+def test_two_workers_skip_the_same_images_and_match_one_replica(images,
+                                                                tmp_path):
+  # The suite's one launcher test of issue 19: each worker decodes its own
+  # rows, skips the bad ones among them, and the all-reduced count keeps the
+  # loss the mean over the examples really there.
+  _, bad = images
+  out = mw.launch([
+      f"--dataset=folder:{bad}", "--model=small_cnn", "--image_size=32",
+      f"--batch_size_per_replica={GLOBAL_BATCH // 2}", "--epochs=1",
+      "--steps_per_loop=3", "--seed=7", "--noexport",
+      f"--model_dir={tmp_path / 'mw'}", "--weights_out=w.npz"])
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  summary = json.loads((tmp_path / "mw" / "summary.json").read_text())
+  assert summary["num_workers"] == 2
+  assert summary["skipped_images"] == len(BAD)
+  # Each bad file is named by the worker whose rows held it.
+  for name in BAD:
+    assert os.path.join(bad, name) in out.stdout + out.stderr
+  # The chief cached the listing in model_dir.
+  assert os.listdir(tmp_path / "mw" / "listings")
+  ref = run_job(_job(bad, tmp_path / "one"))
+  got = np.load(tmp_path / "mw" / "w.npz")
+  for k, want in enumerate(ref.weights):
+    np.testing.assert_allclose(got[f"arr_{k}"], want, rtol=1e-5, atol=1e-6)
