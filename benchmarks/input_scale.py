@@ -3,6 +3,7 @@
     python -m benchmarks.input_scale --startup --images=100000 \
         [--old_root=/path/to/old/checkout]
     python -m benchmarks.input_scale --pipeline [--images=512 --rounds=3]
+    python -m benchmarks.input_scale --counters
 
 `--startup` writes a folder of `--images` small JPEGs (one 8x8 JPEG copied:
 only the listing matters) and times `python -m engine.main` with
@@ -17,7 +18,11 @@ process and alternating rounds, decoding and resizing them to
 `--image_size` with no model: the plain tf.data pipeline a user would write
 (`list_files`, `map(decode)` AUTOTUNE, `batch`, `prefetch`) and the engine's
 (the image task's examples through engine/core/inputs.py, one worker).
-Prints images/s of each, in wall time and per CPU-second of the process
+`--counters` prints the images each worker decodes per step with 1, 2 and
+4 workers for each source (synthetic, folder, tfds), counted by
+data/decode.py's counter in each worker's own pipeline function.
+
+`--pipeline` prints images/s of each, in wall time and per CPU-second of the process
 (threads summed: the rate per core, which other jobs on a shared machine
 disturb far less than the wall-clock rate), and engine/plain per core
 (target >= 0.9).
@@ -34,6 +39,7 @@ from absl import flags
 
 flags.DEFINE_bool("startup", False, "Time start-up on a big folder.")
 flags.DEFINE_bool("pipeline", False, "Time decoding: engine vs plain tf.data.")
+flags.DEFINE_bool("counters", False, "Images decoded per worker per step.")
 flags.DEFINE_integer("images", 512, "Images to generate.")
 flags.DEFINE_string("old_root", None, "Another checkout to time (--startup).")
 flags.DEFINE_integer("rounds", 3, "Rounds of each pipeline (best kept).")
@@ -161,8 +167,65 @@ def pipeline():
         f"(target >= 0.9); wall = {best['engine'][0] / best['plain'][0]:.3f}")
 
 
+def _first_steps(steps: int):
+  """A TrainData class whose global batches end after `steps`, so that a
+  pipeline is read to its end and no read-ahead goes uncounted."""
+  from engine.core import inputs  # pylint: disable=g-import-not-at-top
+
+  class FirstSteps(inputs.TrainData):
+    def global_items(self, start_step=0):
+      return super().global_items(start_step).take(steps)
+  return FirstSteps
+
+
+def counters(steps: int = 4, global_batch: int = 64):
+  """Images decoded per worker per step, each worker's own pipeline
+  (TrainData.worker_batches with its InputContext) read alone."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from data import decode, export  # pylint: disable=g-import-not-at-top
+  from engine.tasks import image_classification as ic  # pylint: disable=g-import-not-at-top
+  from engine.config import Config  # pylint: disable=g-import-not-at-top
+  work = tempfile.mkdtemp(prefix="tfengine_counters_")
+  folder = export.write_sample_folder(os.path.join(work, "f"), ["a", "b"],
+                                      160, formats=("jpg",), size=(16, 16))
+  export.write(f"folder:{folder}", "counted", os.path.join(work, "tfds"),
+               num_shards=4)
+  sources = {"synthetic": {}, "folder": dict(dataset=f"folder:{folder}"),
+             "tfds": dict(dataset="counted",
+                          data_dir=os.path.join(work, "tfds"))}
+  decode.counter.enabled = True
+  print(f"\nimages decoded per worker per step (global batch {global_batch})")
+  print("| source | 1 worker | 2 workers | 4 workers |\n|---|---|---|---|")
+  try:
+    for name, kw in sources.items():
+      image = ic.ImageClassificationConfig(model="small_cnn", image_size=32,
+                                           **kw)
+      data_config = Config.create(batch_size_per_replica=global_batch).data
+      cells = []
+      for workers in (1, 2, 4):
+        per_worker = []
+        for w in range(workers):
+          context = tf.distribute.InputContext(workers, w, workers)
+          data = _first_steps(steps)(ic.ImageClassification(image), context,
+                                    data_config, global_batch, 1)
+          decode.counter.reset()
+          try:
+            for _ in data.worker_batches(context):
+              pass
+          except tf.errors.OpError:  # the end of a pipeline asserted endless
+            pass
+          per_worker.append(sum(decode.counter.counts.values()) / steps)
+        cells.append(" / ".join(f"{c:g}" for c in per_worker))
+      print(f"| {name} | " + " | ".join(cells) + " |")
+  finally:
+    decode.counter.enabled = False
+    shutil.rmtree(work, ignore_errors=True)
+
+
 def main(argv):
   del argv
+  if FLAGS.counters:
+    counters()
   if FLAGS.startup:
     startup()
   if FLAGS.pipeline:
