@@ -248,7 +248,11 @@ def from_flags(config, flag_values=flags.FLAGS) -> ImageClassification:
 
 
 def _split_folder(dataset: str) -> bool:
-  """Whether `dataset` is a folder:/path with train/ + val/ (or test/)."""
+  """Whether `dataset` is a folder:/path with train/ + val/ (or test/).
+
+  data.folder.split_dirs's rule, restated here because data/ imports
+  TensorFlow and this module's flag checks must not.
+  """
   root = dataset[len("folder:"):]
   return dataset.startswith("folder:") and os.path.isdir(
       os.path.join(root, "train")) and any(
