@@ -68,7 +68,8 @@ def decode_rows(items, labels, image_size: int, *, from_files: bool,
   # A decode error ends only its own row: `ignore_errors` drops it. The
   # rows that came out say which went missing.
   # Sequential: the engine's map runs batches in parallel; a parallel map
-  # here would start threads for every batch (measured: 7% more CPU).
+  # here would start threads for every batch (measured: about 6% more CPU
+  # per image, benchmarks/RESULTS.md).
   rows = tf.data.Dataset.from_tensor_slices((tf.range(n), items)).map(
       load).ignore_errors()
   empty = tf.data.Dataset.from_tensors(
