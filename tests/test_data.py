@@ -139,16 +139,10 @@ def _bad_folder(tmp_path, case):
   os.makedirs(root)
   if case == "one_class":
     export.write_sample_folder(str(root), ["cat"], 4)
-  elif case in ("truncated", "not_an_image", "class_without_images",
-                "too_few"):
+  elif case in ("class_without_images", "too_few"):
     export.write_sample_folder(str(root), ["cat", "dog"],
                                2 if case == "too_few" else 6)
-  if case == "truncated":
-    good = (root / "dog" / "0003.jpg").read_bytes()
-    _write(str(root / "dog" / "0003.jpg"), good[:len(good) // 2])
-  elif case == "not_an_image":
-    _write(str(root / "cat" / "notes.png"), b"not a png at all")
-  elif case == "class_without_images":
+  if case == "class_without_images":
     _write(str(root / "emu" / "README.txt"), b"no images here")
   return str(root)
 
