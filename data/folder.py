@@ -8,13 +8,18 @@ path, then interleaved round-robin across classes (file 0 of every class, then
 file 1, ...), so a split slice such as `train[:80%]` keeps the class balance
 (see data/splits.py).
 
-At start-up every image is decoded once, in parallel, so a corrupt or truncated
-file stops the run with its name before training, instead of mid-epoch.
+Start-up only lists the files (data/listing.py caches the list); nothing is
+decoded until a worker decodes its own rows of a batch (data/decode.py),
+where an image that cannot be decoded is skipped and named, or, with
+--strict_images, stops the run.
+
+A folder whose top level is `train/` plus `val/`, `validation/` or `test/`
+holds two data sets: `--train_split` reads `train/`, the evaluation reads the
+other (`split_dirs`).
 """
 import dataclasses
-import functools
 import os
-from typing import Tuple
+from typing import Optional, Tuple
 
 from absl import logging
 import numpy as np
@@ -24,6 +29,8 @@ from engine.errors import flag_error
 
 PREFIX = "folder:"
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp")
+TRAIN_DIR = "train"
+EVAL_DIRS = ("val", "validation", "test")  # the first one present is used
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,37 +49,57 @@ def root_of(dataset: str) -> str:
   return dataset[len(PREFIX):]
 
 
-def _images_under(directory: str):
-  found = []
-  for parent, dirs, files in os.walk(directory):
-    dirs.sort()
-    found += [os.path.join(parent, f) for f in files
-              if f.lower().endswith(EXTENSIONS)]
+def split_dirs(root: str) -> Optional[Tuple[str, str]]:
+  """(train dir, eval dir) of a `train/` + `val/` folder, else None."""
+  if not os.path.isdir(os.path.join(root, TRAIN_DIR)):
+    return None
+  for name in EVAL_DIRS:
+    if os.path.isdir(os.path.join(root, name)):
+      return os.path.join(root, TRAIN_DIR), os.path.join(root, name)
+  return None
+
+
+def _images_under(directory: str, dirs_seen: list):
+  """Image paths under `directory`, sorted; appends (dir, mtime) per
+  directory read, the time taken before its entries are, so a change made
+  while listing shows as a changed time next run."""
+  found, todo = [], [directory]
+  while todo:
+    parent = todo.pop()
+    dirs_seen.append((parent, os.stat(parent).st_mtime_ns))
+    with os.scandir(parent) as entries:
+      for entry in entries:
+        if entry.is_dir():
+          todo.append(entry.path)
+        elif entry.name.lower().endswith(EXTENSIONS):
+          found.append(entry.path)
   return sorted(found)
 
 
-def list_images(dataset: str) -> Listing:
-  """The folder's classes and example list, checked and scanned.
+def scan(root: str, flag: str, value: str):
+  """(Listing, directories read): the files, not their contents.
 
   Raises:
-    ConfigError: not a directory, fewer than two classes, a class without
-      images, or an image that cannot be decoded.
+    ConfigError: not a directory, fewer than two classes or a class
+      without images.
   """
-  root = root_of(dataset)
   if not os.path.isdir(root):
-    raise flag_error("dataset", dataset, "is not a directory; pass "
+    raise flag_error(flag, value, "is not a directory; pass "
                      "folder:/path/to/images with one sub-directory per class.")
+  root_time = os.stat(root).st_mtime_ns
   class_names = tuple(sorted(
       d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d))))
   if len(class_names) < 2:
     found = ", ".join(class_names) or "none"
-    raise flag_error("dataset", dataset,
+    raise flag_error(flag, value,
                      f"needs one sub-directory per class and at least 2 "
                      f"classes; found {len(class_names)} ({found}).")
-  per_class = [_images_under(os.path.join(root, c)) for c in class_names]
+  dirs_seen = [(root, root_time)]
+  per_class = [_images_under(os.path.join(root, c), dirs_seen)
+               for c in class_names]
   empty = [c for c, files in zip(class_names, per_class) if not files]
   if empty:
-    raise flag_error("dataset", dataset,
+    raise flag_error(flag, value,
                      f"class directory {empty[0]!r} has no images "
                      f"({'/'.join(EXTENSIONS)}); add images or remove it.")
   paths, labels = [], []
@@ -81,32 +108,34 @@ def list_images(dataset: str) -> Listing:
       if k < len(files):
         paths.append(files[k])
         labels.append(label)
-  listing = Listing(class_names, tuple(paths), tuple(labels))
-  stamp = tuple((os.path.getsize(p), os.path.getmtime(p)) for p in paths)
-  bad = _undecodable(listing.paths, stamp)
-  if bad:
-    raise flag_error("dataset", dataset,
-                     f"cannot decode {len(bad)} of {len(paths)} images, e.g. "
-                     f"{bad[0]} (corrupt, truncated or not an image); fix or "
-                     "remove them.")
-  logging.info("Folder %s: %d images in %d classes.", root, len(paths),
-               len(class_names))
-  return listing
+  return Listing(class_names, tuple(paths), tuple(labels)), dirs_seen
 
 
-@functools.lru_cache(maxsize=4)
-def _undecodable(paths: Tuple[str, ...], stamp) -> Tuple[str, ...]:
-  """Files that fail to decode; cached per file list, sizes and times.
+def list_images(dataset: str, cache_dir: Optional[str] = None,
+                write_cache: bool = True, root: Optional[str] = None,
+                flag: str = "dataset") -> Listing:
+  """The folder's classes and example list (listed, or from the cache).
 
-  Failing elements are dropped by `ignore_errors`; the paths that do not come
-  out are the bad ones (tf.data cannot report which element failed).
+  Args:
+    dataset: folder:/path, named in errors.
+    cache_dir: where the listing is cached (the run's model_dir); None: off.
+    write_cache: whether this process may write the cache (the chief).
+    root: the directory to list (default: the dataset's path).
+    flag: the flag named in errors.
+
+  Raises:
+    ConfigError: see `scan`.
   """
-  del stamp  # part of the cache key only: a changed file is scanned again
-  ok = tf.data.Dataset.from_tensor_slices(list(paths)).map(
-      lambda p: (p, tf.shape(decode(p))[0]),
-      num_parallel_calls=tf.data.AUTOTUNE).ignore_errors()
-  good = {p.decode() for p, _ in ok.as_numpy_iterator()}
-  return tuple(p for p in paths if p not in good)
+  from data import listing as cache  # pylint: disable=g-import-not-at-top
+  root = os.path.abspath(root or root_of(dataset))
+  found = cache.load(cache_dir, root)
+  if found is None:
+    found, dirs = scan(root, flag, dataset)
+    if cache_dir and write_cache:
+      cache.save(cache_dir, root, found, dirs)
+  logging.info("Folder %s: %d images in %d classes.", root, len(found.paths),
+               len(found.class_names))
+  return found
 
 
 def decode(path):
@@ -115,30 +144,50 @@ def decode(path):
                             expand_animations=False)
 
 
-def examples(listing: Listing, positions: np.ndarray,
-             image_size: int) -> tf.data.Dataset:
-  """Decoded, resized images in [0, 1] with int32 labels, in list order."""
+def examples(listing: Listing, positions: np.ndarray) -> tf.data.Dataset:
+  """(path, int32 label) in list order: cheap to shuffle and batch; the
+  task decodes each worker's rows of a batch (data/decode.py)."""
   paths = np.array(listing.paths)[positions]
   labels = np.array(listing.labels, np.int32)[positions]
-
-  def load(path, label):
-    image = tf.image.resize(decode(path), [image_size, image_size])
-    return image / 255.0, label
-
-  return tf.data.Dataset.from_tensor_slices((paths, labels)).map(
-      load, num_parallel_calls=tf.data.AUTOTUNE)
+  return tf.data.Dataset.from_tensor_slices((paths, labels))
 
 
 def source(config, split: str, flag: str, *, seed: int, training: bool,
-           num_workers: int = 1):
-  """(examples, count, class names, auto-shard policy) of one split.
+           num_workers: int = 1, cache_dir: Optional[str] = None,
+           write_cache: bool = True):
+  """(paths with labels, count, class names, auto-shard policy) of a split.
 
-  DATA sharding: the images are not a file-reader source tf.data could shard
-  by file, so every worker reads the list and keeps its slice of each batch.
+  A `train/` + `val/` folder: training reads `train/`, evaluation the
+  other directory (whole), their class lists checked to agree.
   """
-  del training, num_workers, seed  # the order is fixed; the engine shuffles
+  del num_workers, seed  # the order is fixed; the engine shuffles
   from data import splits  # pylint: disable=g-import-not-at-top
-  listing = list_images(config.dataset)
-  positions = splits.select(split, len(listing.paths), flag)
-  return (examples(listing, positions, config.image_size), len(positions),
-          listing.class_names, tf.data.experimental.AutoShardPolicy.DATA)
+  root = root_of(config.dataset)
+  both = split_dirs(os.path.abspath(root)) if os.path.isdir(root) else None
+  if both is None:
+    listing = list_images(config.dataset, cache_dir, write_cache)
+    positions = splits.select(split, len(listing.paths), flag)
+  else:
+    train = list_images(config.dataset, cache_dir, write_cache, both[0])
+    listing = train
+    if not training:
+      listing = list_images(config.dataset, cache_dir, write_cache, both[1])
+      check_same_classes(train.class_names, listing.class_names,
+                         "dataset", config.dataset, both)
+    # The split expression selects within the chosen directory.
+    positions = splits.select(split, len(listing.paths), flag)
+  return (examples(listing, positions), len(positions), listing.class_names,
+          tf.data.experimental.AutoShardPolicy.DATA)
+
+
+def check_same_classes(train, other, flag, value, dirs):
+  """Raises a one-line ConfigError naming the first class one side lacks."""
+  if tuple(train) == tuple(other):
+    return
+  for name in train:
+    if name not in other:
+      raise flag_error(flag, value, f"class {name!r} is in {dirs[0]} but "
+                       f"missing from {dirs[1]}; both need the same classes.")
+  missing = next(n for n in other if n not in train)
+  raise flag_error(flag, value, f"class {missing!r} is in {dirs[1]} but "
+                   f"missing from {dirs[0]}; both need the same classes.")

@@ -25,7 +25,13 @@ def class_patterns(num_classes: int, image_size: int, seed: int) -> np.ndarray:
 
 
 def images_for(indices, patterns, num_classes: int):
-  """Vectorised: int64 indices [B] -> (images [B, S, S, 3], labels [B])."""
+  """Vectorised: int64 indices [B] -> (images [B, S, S, 3], labels [B]).
+
+  The engine calls it on each worker's own rows of a batch only, so a
+  worker makes 1/N of the images (data/decode.py's counter shows it).
+  """
+  from data.decode import counter  # pylint: disable=g-import-not-at-top
+  counter.count("synthetic", tf.shape(indices)[0])
   labels = tf.cast(indices % num_classes, tf.int32)
   size = patterns.shape[1]
   grid = tf.range(size, dtype=tf.float32)

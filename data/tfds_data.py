@@ -21,6 +21,9 @@ def _read(builder, config, split: str, flag: str, training: bool,
   try:
     return builder.as_dataset(
         split=split, as_supervised=True, shuffle_files=training,
+        # Encoded bytes: each worker decodes only its own rows of a batch
+        # (data/decode.py), not every image of every batch.
+        decoders={"image": tfds.decode.SkipDecoding()},
         # No assert_cardinality: the auto-shard rewrite cannot handle it and
         # warns; the count comes from the metadata instead.
         read_config=tfds.ReadConfig(shuffle_seed=seed,
@@ -73,7 +76,10 @@ def _policy(builder, split: str, num_workers: int):
 
 def source(config, split: str, flag: str, *, seed: int, training: bool,
            num_workers: int = 1):
-  """(examples, count, class names, auto-shard policy) of one split.
+  """(encoded images, count, class names, auto-shard policy) of a split.
+
+  The task decodes and resizes each worker's rows (data/decode.py), as the
+  seed did per example: decode, resize, scale to [0, 1].
 
   Raises:
     ConfigError: unknown data set or split, or one that cannot be prepared.
@@ -83,15 +89,6 @@ def source(config, split: str, flag: str, *, seed: int, training: bool,
   count = int(ds.cardinality())
   if count < 0:  # the reader does not know: take the metadata's count
     count = builder.info.splits[split].num_examples
-  size = config.image_size
-
-  def preprocess(image, label_value):
-    # The seed's preprocessing: resize, then scale to [0, 1].
-    if image.shape[-1] == 1:
-      image = tf.image.grayscale_to_rgb(image)
-    image = tf.image.resize(image, [size, size]) / 255.0
-    return image, tf.cast(label_value, tf.int32)
-
-  ds = ds.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
+  ds = ds.map(lambda image, label: (image, tf.cast(label, tf.int32)))
   names = builder.info.features["label"].names
   return ds, count, names, _policy(builder, split, num_workers)

@@ -115,20 +115,32 @@ class Task:
     return self._metrics or {}
 
   def preprocess_batch(self, features, labels, training: bool):
-    """Runs on each global batch on the host, after batching; vectorised work
-    (the built-in synthetic images are made here). Identity by default."""
+    """Vectorised work on a batch after batching, e.g. decoding images.
+
+    The engine calls it on each replica's rows of every global batch, on
+    the worker that trains them (engine/core/inputs.py), so that work done
+    here (the built-in task decodes its images here) is split 1/N among N
+    workers; treat rows independently. Returns `(features, labels)`, or
+    `(features, labels, keep)` with `keep` a bool [rows] vector: the rows
+    that are False (an image that cannot be read) are dropped after
+    `augment_batch`, and the step's loss is the mean over the rows left.
+    Identity by default.
+    """
     del training
     return features, labels
 
-  def augment_batch(self, features, labels, step: tf.Tensor):
-    """Training only, after `preprocess_batch`: random changes to a global
-    batch (the built-in image task's --augment). `step` is the int64 index
-    of the step the batch trains (0 for the first). Keep the randomness a
-    pure function of (your seed, step, position in the batch), e.g.
-    tf.random.stateless_* with a seed made from them: resuming then sees the
-    same batches, and so do any number of replicas and workers. Identity by
+  def augment_batch(self, features, labels, step: tf.Tensor,
+                    positions: tf.Tensor):
+    """Training only, after `preprocess_batch`: random changes to the rows
+    (the built-in image task's --augment). `step` is the int64 index of the
+    step the rows train (0 for the first); `positions` (int64 [rows]) is
+    each row's index in its global batch. Keep each row's randomness a
+    pure function of (your seed, step, its position), e.g.
+    tf.random.stateless_* seeded from (seed, step) and drawn for positions
+    0..max, then gathered at `positions`: resuming then sees the same
+    batches, and so do any number of replicas and workers. Identity by
     default."""
-    del step
+    del step, positions
     return features, labels
 
   def describe(self) -> Dict[str, object]:

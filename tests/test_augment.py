@@ -44,31 +44,56 @@ def test_training_batches_are_a_function_of_seed_and_step():
     np.testing.assert_array_equal(x[0].numpy(), y[0].numpy())
 
 
+def _aug(images, step, ops, positions=None):
+  if positions is None:
+    positions = tf.range(tf.shape(images)[0], dtype=tf.int64)
+  return augment.augment(images, step, positions, 7, ops).numpy()
+
+
 def test_flip_and_crop_change_pixels_as_documented():
   images = tf.random.stateless_uniform([64, 32, 32, 3], [1, 2]) + 0.5
-  flipped = augment.augment(images, 3, 7, ["flip"]).numpy()
+  flipped = _aug(images, 3, ["flip"])
   mirror = images.numpy()[:, :, ::-1]
   is_flipped = [np.array_equal(f, m) for f, m in zip(flipped, mirror)]
   kept = [np.array_equal(f, i) for f, i in zip(flipped, images.numpy())]
   assert all(f or k for f, k in zip(is_flipped, kept))
   assert 16 < sum(is_flipped) < 48  # about half, per example
-  again = augment.augment(images, 3, 7, ["flip"]).numpy()
-  other_step = augment.augment(images, 4, 7, ["flip"]).numpy()
+  again = _aug(images, 3, ["flip"])
+  other_step = _aug(images, 4, ["flip"])
   np.testing.assert_array_equal(flipped, again)
   assert not np.array_equal(flipped, other_step)
   # 32 px: pad 4 with zeros, crop back; pixels copied exactly.
-  cropped = augment.augment(images, 3, 7, ["crop"]).numpy()
+  cropped = _aug(images, 3, ["crop"])
   zeros = (cropped == 0).all(axis=-1)
   assert zeros.any() and zeros.mean() < 0.3
   inside = cropped[~zeros]
   assert np.isin(inside[:, 0], images.numpy()[..., 0]).all()
-  assert not np.array_equal(cropped, augment.augment(images, 4, 7,
-                                                     ["crop"]).numpy())
+  assert not np.array_equal(cropped, _aug(images, 4, ["crop"]))
   # Larger images: a random resized crop, no padding.
   big = tf.image.resize(images[:4], [96, 96])
-  crop = augment.augment(big, 3, 7, ["crop"]).numpy()
+  crop = _aug(big, 3, ["crop"])
   assert crop.shape == (4, 96, 96, 3) and crop.min() > 0.4
   assert np.abs(crop - big.numpy()).max() > 0.05
+
+
+def test_a_rows_change_depends_on_its_position_not_on_the_split():
+  """Pieces of a global batch, augmented apart with their positions, equal
+  the whole batch augmented at once: what lets each worker augment only its
+  rows. It rests on TensorFlow's stateless draws being prefix-consistent."""
+  for dtype, kw in ((tf.float32, {}), (tf.int32, dict(minval=0, maxval=9))):
+    long = tf.random.stateless_uniform([64], [3, 7], dtype=dtype, **kw)
+    for n in (1, 5, 31, 63):
+      np.testing.assert_array_equal(
+          long[:n], tf.random.stateless_uniform([n], [3, 7], dtype=dtype, **kw))
+  images = tf.random.stateless_uniform([13, 32, 32, 3], [1, 2])
+  small = tf.image.resize(images, [72, 72])  # the resized crop too
+  for batch in (images, small):
+    whole = _aug(batch, 5, ["flip", "crop"])
+    for cut in ([0, 7, 13], [0, 4, 8, 11, 13], [0, 13, 13]):
+      pieces = [_aug(batch[a:b], 5, ["flip", "crop"],
+                     tf.range(a, b, dtype=tf.int64))
+                for a, b in zip(cut[:-1], cut[1:])]
+      np.testing.assert_array_equal(np.concatenate(pieces), whole)
 
 
 def test_one_and_two_replicas_agree_with_augmentation(tmp_path):

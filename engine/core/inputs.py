@@ -4,7 +4,8 @@ Training: each epoch is a seeded shuffle of the task's examples (the seed
 depends on --seed and the epoch number only), batched by the *global* batch
 (epochs never share a batch, so with --drop_remainder unset the last batch
 of an epoch is partial), then the task's `preprocess_batch` and
-`augment_batch` (which gets the batch's step index). Epochs follow
+`augment_batch` (which gets each row's step and position in the global
+batch; `prepare_rows`). Epochs follow
 one another without end. The order is therefore a pure function of
 (seed, step): resuming at step s starts at epoch s // steps_per_epoch and
 skips what is left, reading at most one epoch again, and gives exactly the
@@ -13,13 +14,23 @@ batches an uninterrupted run would have seen.
 Evaluation: one pass in the task's order, batched the same way, with a
 partial last batch so that every example counts once.
 
-`strategy.experimental_distribute_dataset` then splits every global batch
-across the replicas of all workers (each worker reads the same batches and
-keeps its share), so the batches, and the results, do not depend on the
-number of replicas or workers.
+Training batches are split across the replicas of all workers exactly as
+`strategy.experimental_distribute_dataset` splits them (DATA sharding: every
+worker reads the same global batches and keeps its rows), but the task's
+`preprocess_batch` runs after the split, on each replica's rows only
+(`worker_batches`): the examples stay cheap (indices, paths, encoded bytes)
+until then, so a worker decodes 1/N of the images, not all of them. The
+batches, and the results, do not depend on the number of replicas or workers.
 """
+import re
+
 from absl import logging
+import numpy as np
 import tensorflow as tf
+# What tf.distribute runs to split a global batch among replicas and workers;
+# called here, in the same order, so the split stays exactly TensorFlow's.
+from tensorflow.python.data.experimental.ops import distribute as tf_split  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.distribute import input_ops  # pylint: disable=g-direct-tensorflow-import
 
 from engine.config import DataConfig
 from engine.core.checks import check_examples
@@ -99,8 +110,9 @@ class TrainData:
           f"fewer than one global batch ({global_batch}); lower "
           "--batch_size_per_replica or use more data.")
 
-  def batches(self, start_step: int = 0) -> tf.data.Dataset:
-    """Endless global batches from `start_step` on (see the module doc)."""
+  def global_items(self, start_step: int = 0) -> tf.data.Dataset:
+    """Endless global batches of the task's (cheap) examples from
+    `start_step` on, before `preprocess_batch` (see the module doc)."""
     data, seed, examples = self._data, self._seed, self._examples
     per_epoch = self.steps_per_epoch
     first_epoch = start_step // per_epoch
@@ -116,17 +128,59 @@ class TrainData:
     # set here, so the order depends on --seed and the epoch only.
     tf.random.set_seed(seed)
     ds = tf.data.Dataset.range(first_epoch, tf.int64.max).flat_map(epoch)
-    ds = ds.skip(start_step - first_epoch * per_epoch)
+    return ds.skip(start_step - first_epoch * per_epoch)
+
+  def worker_batches(self, context: tf.distribute.InputContext,
+                     start_step: int = 0) -> tf.data.Dataset:
+    """This worker's per-replica batches, in replica order, preprocessed.
+
+    What each worker runs (`distribute`): the global batches, split by
+    tf.distribute's own rebatch and DATA shard (the rows
+    `experimental_distribute_dataset` would give this worker's replicas,
+    partial batches included), then `preprocess_batch` on those rows only.
+    """
+    workers = context.num_input_pipelines
+    replicas = context.num_replicas_in_sync
+    # Numbered before the split: each row carries the step that trains it
+    # and its position in the global batch, for `augment_batch`.
+    ds = self.global_items(start_step).enumerate(start=start_step).map(
+        _numbered)
+    ds = _with_options(ds, _DATA)
+    if replicas > 1:
+      per_worker = replicas // workers
+      if self._data.drop_remainder:
+        # Static batches: tf.distribute rebatches by sizes for this worker.
+        sizes = tf_split.batch_sizes_for_worker(
+            self._global_batch, workers, per_worker, context.input_pipeline_id)
+        ds = ds.rebatch(sizes)
+      else:
+        # A batch size tf.distribute cannot read off the graph (partial
+        # batches): it splits each batch in `replicas` near-equal pieces.
+        ds = tf_split._LegacyRebatchDataset(ds, replicas)  # pylint: disable=protected-access
+      ds = ds.prefetch(per_worker)
+    if workers > 1:
+      ds = input_ops.auto_shard_dataset(ds, workers, context.input_pipeline_id,
+                                        replicas)
     task = self._task
-
-    def prepare(step, batch):
-      features, labels = task.preprocess_batch(*batch, training=True)
-      return task.augment_batch(features, labels, step)
-
-    # Numbered after the skip: the number is the step that trains the batch.
-    ds = ds.enumerate(start=start_step).map(
-        prepare, num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.map(lambda batch, rows: prepare_rows(task, *batch, training=True,
+                                                 rows=rows),
+                num_parallel_calls=tf.data.AUTOTUNE)
     return _endless(_finish(ds, _DATA))
+
+  def batches(self, start_step: int = 0) -> tf.data.Dataset:
+    """Whole global batches, preprocessed: what one replica trains on."""
+    return self.worker_batches(tf.distribute.InputContext(), start_step)
+
+  def distribute(self, strategy: tf.distribute.Strategy, start_step: int = 0):
+    """The distributed training iterator: each worker builds its own rows."""
+    return iter(strategy.distribute_datasets_from_function(
+        lambda context: self.worker_batches(context, start_step)))
+
+  def expected_examples(self, first_step: int, steps: int) -> np.ndarray:
+    """Examples the global batches of steps first_step+1.. hold, as made."""
+    position = (first_step + np.arange(steps)) % self.steps_per_epoch
+    left = self.num_examples - position * self._global_batch
+    return np.minimum(left, self._global_batch)
 
   @property
   def features_spec(self):
@@ -149,10 +203,60 @@ def eval_inputs(task: Task, context: tf.distribute.InputContext,
   n = count_examples(task, "eval", examples)
   policy = examples.options().experimental_distribute.auto_shard_policy
   ds = examples.batch(global_batch).map(
-      lambda f, l: task.preprocess_batch(f, l, training=False),
+      lambda f, l: prepare_rows(task, f, l, training=False),
       num_parallel_calls=tf.data.AUTOTUNE)
   return _finish(ds, policy if policy != tf.data.experimental
                  .AutoShardPolicy.AUTO else _DATA), n
+
+
+def _numbered(step, batch):
+  """(batch, (step per row, position per row in the global batch))."""
+  first = tf.nest.flatten(batch)[0]
+  n = tf.shape(first, out_type=tf.int64)[0]
+  steps, positions = tf.fill([n], step), tf.range(n)
+  for t in (steps, positions):  # static with --drop_remainder (rebatch)
+    t.set_shape(first.shape[:1])
+  return batch, (steps, positions)
+
+
+def prepare_rows(task: Task, features, labels, *, training: bool, rows=None):
+  """The task's `preprocess_batch`, then (training) its `augment_batch`,
+  then the rows it could not read dropped.
+
+  Args:
+    rows: (steps, positions), int64 [rows] each: the step that trains each
+      row and its index in the global batch (training only).
+  """
+  out = task.preprocess_batch(features, labels, training=training)
+  features, labels = out[:2]
+  if training:
+    steps, positions = rows
+    # Every row of a piece belongs to one step (0 rows: any step will do).
+    step = tf.reduce_max(tf.concat([steps, [0]], axis=0))
+    features, labels = task.augment_batch(features, labels, step, positions)
+  if len(out) == 3:  # `keep`: False for rows the task could not read
+    keep = out[2]
+    features, labels = tf.nest.map_structure(
+        lambda t: tf.boolean_mask(t, keep), (features, labels))
+  return features, labels
+
+
+def input_error(e: tf.errors.OpError):
+  """The one-line ConfigError for a data error a task raised on purpose.
+
+  A task's pipeline refuses an example mid-training with
+  `tf.debugging.Assert(ok, ["--flag: problem", what])` (data/decode.py does
+  for --strict_images); the step's error then carries
+  `assertion failed: [--flag: problem] [what]`. Returns None for any other
+  error.
+  """
+  match = re.search(r"assertion failed: \[(--[^\]]+)\] \[+(.*?)\]",
+                    str(e.message))
+  if match is None:
+    return None
+  what = match.group(2).strip("\"'")
+  return ConfigError(f"{match.group(1)} {what}; fix or remove it (the "
+                     "latest checkpoint is intact).")
 
 
 def _finish(ds: tf.data.Dataset, policy) -> tf.data.Dataset:
@@ -161,10 +265,14 @@ def _finish(ds: tf.data.Dataset, policy) -> tf.data.Dataset:
   The auto-shard policy is explicit so MultiWorkerMirroredStrategy neither
   guesses nor warns. Parallel map calls and prefetching are AUTOTUNE.
   """
+  return _with_options(ds, policy).prefetch(tf.data.AUTOTUNE)
+
+
+def _with_options(ds: tf.data.Dataset, policy) -> tf.data.Dataset:
   options = tf.data.Options()
   options.deterministic = True
   options.experimental_distribute.auto_shard_policy = policy
-  return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
+  return ds.with_options(options)
 
 
 def _endless(ds: tf.data.Dataset) -> tf.data.Dataset:

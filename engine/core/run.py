@@ -282,8 +282,8 @@ def _build_state(task: Task, config: Config, setup: _Setup) -> _State:
   start_step = checkpointer.restore(identity)
   checkpointer.write_identity(identity)
   # The pipeline is a pure function of (seed, step): resuming is skipping.
-  iterator = iter(strategy.experimental_distribute_dataset(
-      data.batches(start_step)))
+  # Each worker decodes only its own rows (engine/core/inputs.py).
+  iterator = data.distribute(strategy, start_step)
   names = step.row_names(metrics)
   train_loop = step.make_train_loop(
       strategy, step.make_replica_step(
@@ -516,6 +516,9 @@ def _host_call(state: _State, n: int, vote: float, first: bool):
                                    tf.constant(vote, tf.float32))
     return rows.numpy(), float(votes)
   except tf.errors.InvalidArgumentError as e:
+    refused = inputs.input_error(e)
+    if refused is not None:  # e.g. --strict_images met a corrupt image
+      raise refused from e
     if not first:
       raise
     message = str(e.message).strip().splitlines()
@@ -544,7 +547,11 @@ def _summarize(task, config, setup, state, history, steady) -> dict:
     window = history[name][-reporting_config.log_every:]
     summary[f"final_{name}"] = float(np.mean(window)) if len(window) else None
   steady_examples, steady_seconds = steady
+  # Examples the task's pipeline dropped (undecodable images): the batches
+  # as made minus the all-reduced count of examples the steps really had.
+  expected = state.data.expected_examples(state.start_step, len(loss))
   summary.update({
+      "skipped_images": int(expected.sum() - history["examples"].sum()),
       "first_loss": float(loss[0]) if len(loss) else None,
       "final_grad_norm": last(history["grad_norm"]),
       "lr_schedule": config.optimization.lr_schedule,

@@ -37,7 +37,13 @@ HELP = {
     "data_dir": "TensorFlow Datasets dir.",
     "train_split": "Split expression for training, e.g. train[:80%].",
     "eval_split": "Split expression to evaluate on, e.g. test or train[80%:] "
-                  "(empty: no evaluation).",
+                  "(empty: no evaluation, unless --eval_dataset or a "
+                  "train/+val/ folder gives evaluation data).",
+    "eval_dataset": "Evaluation data elsewhere: folder:/path or a TensorFlow "
+                    "Datasets name (--eval_split selects in it; default: "
+                    "train, all of a folder).",
+    "strict_images": "Stop at the first image that cannot be decoded "
+                     "(default: skip it, count it, name it in the log).",
     "download": "Let tfds download and prepare a missing data set.",
     "image_size": "Image side, pixels.",
     "num_classes": "Classes of the synthetic data set.",
@@ -68,6 +74,8 @@ class ImageClassificationConfig:
   cache: str = ""  # "" = none, "memory", or a file path prefix
   label_smoothing: float = 0.0
   augment: str = ""  # comma list of data/augment.py's OPS; "" = none
+  eval_dataset: str = ""  # "" = evaluate on --dataset
+  strict_images: bool = False
 
   def __post_init__(self):
     if self.model not in models.MODELS:
@@ -85,6 +93,10 @@ class ImageClassificationConfig:
     if self.dataset in ("", "folder:"):
       raise flag_error("dataset", self.dataset, "names no data set; use "
                        "synthetic, folder:/path or a TensorFlow Datasets name.")
+    if self.eval_dataset in ("folder:", "synthetic"):
+      raise flag_error("eval_dataset", self.eval_dataset, "names no "
+                       "evaluation data; use folder:/path or a TensorFlow "
+                       "Datasets name.")
     if self.cache and self.dataset == "synthetic":
       raise flag_error("cache", self.cache, "the synthetic data set is "
                        "generated per batch and has nothing to cache; drop it.")
@@ -122,11 +134,14 @@ class ImageClassification(Task):
     seed: the run's --seed (synthetic images, tfds file order, --augment).
     init_weights: the run's --init_weights: Keras's ImageNet file for
       mobilenet_v2 makes the inputs [-1, 1], what those weights expect.
+    listing_dir: where a folder's file listing is cached (the run's
+      model_dir; None: no cache).
   """
   serving_input_name = "images"
 
   def __init__(self, config: ImageClassificationConfig, seed: int = 42,
-               init_weights: str = ""):
+               init_weights: str = "",
+               listing_dir: Optional[str] = None):
     super().__init__(name="image_classification")
     self.config = config
     self._seed = seed
@@ -137,21 +152,46 @@ class ImageClassification(Task):
     if config.model == "mobilenet_v2" and init_weights:
       from engine.core import init_weights as init_lib  # pylint: disable=g-import-not-at-top
       self._signed = init_lib.is_legacy_h5(init_weights)
+    self._listing_dir = listing_dir
+    self._chief = True  # worker 0 writes the listing cache
     self._sources: Dict[str, "data.Source"] = {}
     self._patterns = None
 
   def _source(self, split: str, workers: int = 1) -> Optional["data.Source"]:
     """The split's Source, read once ("train" or "eval")."""
     import data  # pylint: disable=g-import-not-at-top
-    expression = (self.config.train_split if split == "train" else
-                  self.config.eval_split)
-    if not expression:
-      return None
     if split not in self._sources:
-      self._sources[split] = data.source(
-          self.config, expression, f"{split}_split", seed=self._seed,
-          training=split == "train", num_workers=workers)
+      config, expression = self._split_plan(split)
+      if not expression:
+        return None
+      found = data.source(
+          config, expression, f"{split}_split", seed=self._seed,
+          training=split == "train", num_workers=workers,
+          listing_dir=self._listing_dir, chief=self._chief,
+          strict=self.config.strict_images)
+      if split == "eval" and self.config.eval_dataset:
+        from data import folder  # pylint: disable=g-import-not-at-top
+        folder.check_same_classes(
+            self.class_names, found.class_names, "eval_dataset",
+            self.config.eval_dataset, (self.config.dataset,
+                                       self.config.eval_dataset))
+      self._sources[split] = found
     return self._sources[split]
+
+  def _split_plan(self, split: str):
+    """(the config to read, the split expression) of "train" or "eval"."""
+    config = self.config
+    if split == "train":
+      return config, config.train_split
+    if config.eval_dataset:
+      return (dataclasses.replace(config, dataset=config.eval_dataset),
+              config.eval_split or "train")
+    from data import folder  # pylint: disable=g-import-not-at-top
+    root = folder.root_of(config.dataset)
+    if (folder.is_folder(config.dataset) and os.path.isdir(root) and
+        folder.split_dirs(root)):
+      return config, config.eval_split or "train"  # all of val/
+    return config, config.eval_split
 
   @property
   def class_names(self):
@@ -167,6 +207,7 @@ class ImageClassification(Task):
 
   def build_inputs(self, split, context):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    self._chief = context.input_pipeline_id == 0
     found = self._source(split, context.num_input_pipelines)
     if found is None:
       return None
@@ -187,20 +228,32 @@ class ImageClassification(Task):
     return None if found is None else found.num_examples
 
   def preprocess_batch(self, features, labels, training):
-    del training
-    if self.config.dataset == "synthetic":
+    # Called on each worker's own rows only (engine/core/inputs.py): the
+    # images are made or decoded here, 1/N of them per worker.
+    # An undecodable image's row comes back with keep False, and the engine
+    # drops it after augmentation (data/decode.py).
+    kind = self._source("train" if training else "eval").kind
+    keep = None
+    if kind == "synthetic":
       from data import synthetic  # pylint: disable=g-import-not-at-top
       features, labels = synthetic.images_for(features, self._patterns,
                                               self.config.num_classes)
+    elif kind != "images":  # "images": --cache, decoded before batching
+      from data import decode  # pylint: disable=g-import-not-at-top
+      features, labels, keep = decode.decode_rows(
+          features, labels, self.config.image_size,
+          from_files=kind == "files", strict=self.config.strict_images,
+          source=kind)
     if self._signed:
       features = features * 2.0 - 1.0
-    return features, labels
+    return (features, labels) if keep is None else (features, labels, keep)
 
-  def augment_batch(self, features, labels, step):
+  def augment_batch(self, features, labels, step, positions):
     if not self._augment:
       return features, labels
     from data import augment  # pylint: disable=g-import-not-at-top
-    return augment.augment(features, step, self._seed, self._augment), labels
+    return augment.augment(features, step, positions, self._seed,
+                           self._augment), labels
 
   def per_example_loss(self, labels, outputs):
     # Evaluation reports this loss too, smoothed, as Keras and official.core
@@ -245,13 +298,28 @@ def from_flags(config, flag_values=flags.FLAGS) -> ImageClassification:
   fields = dataclasses.fields(ImageClassificationConfig)
   task_config = ImageClassificationConfig(
       **{f.name: flag_values[f.name].value for f in fields})
-  if config.loop.eval_every and not task_config.eval_split:
+  if (config.loop.eval_every and not task_config.eval_split and
+      not task_config.eval_dataset and not _split_folder(task_config.dataset)):
     raise flag_error("eval_every", config.loop.eval_every,
                      "needs --eval_split, the split to evaluate on (e.g. "
-                     "test or train[80%:]).")
+                     "test or train[80%:]), or --eval_dataset.")
   return ImageClassification(
       task_config, seed=config.loop.seed,
-      init_weights=config.initialization.init_weights)
+      init_weights=config.initialization.init_weights,
+      listing_dir=config.checkpoints.model_dir)
+
+
+def _split_folder(dataset: str) -> bool:
+  """Whether `dataset` is a folder:/path with train/ + val/ (or test/).
+
+  data.folder.split_dirs's rule, restated here because data/ imports
+  TensorFlow and this module's flag checks must not.
+  """
+  root = dataset[len("folder:"):]
+  return dataset.startswith("folder:") and os.path.isdir(
+      os.path.join(root, "train")) and any(
+          os.path.isdir(os.path.join(root, d))
+          for d in ("val", "validation", "test"))
 
 
 def configs(**fields):
