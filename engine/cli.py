@@ -119,6 +119,9 @@ HELP = {
     "mixed_precision": "Keras dtype policy: float16/bfloat16 compute, float32 "
                        "variables; mixed_float16 adds dynamic loss scaling.",
     "jit_compile": "Compile the forward/backward pass with XLA.",
+    "fused_batchnorm": "BatchNormalization on TensorFlow's fused kernel in "
+                       "training (Keras's results, fewer ops; one all-reduce "
+                       "per layer with --sync_batchnorm).",
     # Loop.
     "epochs": "Epochs to train.",
     "train_steps": "Steps to train; 0 = run --epochs epochs.",

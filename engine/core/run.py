@@ -27,7 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from engine.config import Config
-from engine.core import best, checkpoint, eval_only, evaluate, inputs
+from engine.core import batchnorm, best, checkpoint, eval_only, evaluate, inputs
 from engine.core import callbacks as callbacks_lib
 from engine.core import ema as ema_lib
 from engine.core import preemption, schedules, step
@@ -297,17 +297,14 @@ def _build_state(task: Task, config: Config, setup: _Setup) -> _State:
 
 
 def build_model(task: Task, config: Config) -> keras.Model:
-  """The task's model under the run's dtype policy, with sync BatchNorm set."""
+  """The task's model under the run's dtype policy, its BatchNorm set."""
   with _dtype_policy(config.optimization.mixed_precision):
     model = task.build_model()
   if not isinstance(model, keras.Model):
     raise ConfigError(f"task {task.name}: build_model() returned "
                       f"{type(model).__name__}, not a keras.Model.")
-  for layer in model._flatten_layers():  # pylint: disable=protected-access
-    if isinstance(layer, keras.layers.BatchNormalization):
-      # Read at call time (BatchNormalization._moments), so setting it on
-      # built layers is enough.
-      layer.synchronized = config.distribution.sync_batchnorm
+  batchnorm.configure(model, synchronized=config.distribution.sync_batchnorm,
+                      fused=config.optimization.fused_batchnorm)
   return model
 
 
