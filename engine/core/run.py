@@ -26,6 +26,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from engine import onednn
 from engine.config import Config
 from engine.core import batchnorm, best, checkpoint, eval_only, evaluate, inputs
 from engine.core import callbacks as callbacks_lib
@@ -250,6 +251,9 @@ def _build_state(task: Task, config: Config, setup: _Setup) -> _State:
       data.num_examples, data.steps_per_epoch, total_steps)
   described = task.describe()
   logging.info("Task %s: %s", task.name, json.dumps(described))
+  onednn_state = _onednn_state()
+  logging.info("oneDNN %s: %s.", "on" if onednn_state["onednn"] else "off",
+               onednn_state["onednn_source"])
   with strategy.scope():
     model = build_model(task, config)
     step.check_forward(task, model, metrics, data.batches().element_spec)
@@ -306,6 +310,12 @@ def build_model(task: Task, config: Config) -> keras.Model:
   batchnorm.configure(model, synchronized=config.distribution.sync_batchnorm,
                       fused=config.optimization.fused_batchnorm)
   return model
+
+
+def _onednn_state() -> dict:
+  """{"onednn": on?, "onednn_source": who chose} (engine/onednn.py)."""
+  import engine  # pylint: disable=g-import-not-at-top,protected-access
+  return onednn.state(bool(engine._SET_AT_IMPORT), engine._TENSORFLOW_FIRST)
 
 
 @contextlib.contextmanager
@@ -556,6 +566,7 @@ def _summarize(task, config, setup, state, history, steady) -> dict:
       "task": task.name,
       **task.describe(),
       "malloc_tuned": setup.malloc_tuned,
+      **_onednn_state(),
       "collectives_per_step": collectives,
       "mode": config.loop.mode,
       "ema_decay": config.loop.ema_decay,
