@@ -190,6 +190,12 @@ def parent():
 def main(argv):
   del argv
   if FLAGS.variant:
+    # As the command line does, before TensorFlow is imported: oneDNN on for
+    # one replica (engine/onednn.py).
+    from engine import onednn  # pylint: disable=g-import-not-at-top
+    from engine.tasks import image_classification as ic  # pylint: disable=g-import-not-at-top
+    onednn.prefer_for(ic.configs(**_fields())[0].distribution,
+                      bool(engine._SET_AT_IMPORT))  # pylint: disable=protected-access
     from engine.distribute import devices  # pylint: disable=g-import-not-at-top
     devices.configure_host(FLAGS.cpu_devices if FLAGS.strategy == "mirrored"
                            else 0)

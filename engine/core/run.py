@@ -224,6 +224,8 @@ def _set_up(config: Config) -> _Setup:
   if chief and config.reporting.export and config.reporting.export_dir:
     check_model_dir(config.reporting.export_dir, "export_dir")
   replicas = strategy.num_replicas_in_sync
+  onednn.check_replicas(replicas * getattr(strategy.extended, "_num_workers",
+                                           1))
   # One optimizer update takes --grad_accum_steps micro-batches per replica.
   global_batch = (config.data.batch_size_per_replica *
                   config.optimization.grad_accum_steps * replicas)
