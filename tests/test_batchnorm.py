@@ -70,6 +70,7 @@ def test_fused_matches_keras(policy, axis, shape):
 
 
 def test_fused_kernel_is_in_the_graph_and_flag_off_is_keras():
+  import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   def ops(fused):
@@ -84,6 +85,15 @@ def test_fused_kernel_is_in_the_graph_and_flag_off_is_keras():
   assert "FusedBatchNormV3" in fused and "Mean" not in fused
   assert "FusedBatchNormV3" not in plain and "Mean" in plain
   assert norm.call.__func__ is type(norm).call
+
+  class Mine(keras.layers.BatchNormalization):
+    def call(self, inputs, training=None, mask=None):
+      return super().call(inputs, training=training, mask=mask) + 1.0
+
+  inputs = keras.Input((6, 5, 4))
+  mine = Mine()
+  batchnorm.configure(keras.Model(inputs, mine(inputs)), False, True)
+  assert mine.call.__func__ is Mine.call  # its own call: left alone
 
 
 def test_synchronized_is_one_all_reduce_and_matches_keras(monkeypatch):

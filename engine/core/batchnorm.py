@@ -42,19 +42,24 @@ def configure(model: keras.Model, synchronized: bool, fused: bool) -> int:
     # built layers is enough.
     layer.synchronized = synchronized
     keras_call = type(layer).call.__get__(layer)
-    layer.call = (functools.partial(_fused_call, layer, keras_call) if fused
-                  else keras_call)
+    # A subclass with its own `call` computes something else: left alone.
+    ours = type(layer).call is keras.layers.BatchNormalization.call
+    layer.call = (functools.partial(_fused_call, layer, keras_call)
+                  if fused and ours else keras_call)
   return count
 
 
 def _fused_call(layer, keras_call, inputs, training=None, mask=None):
   """`layer.call` with the fused kernel where it computes the same thing."""
-  fmt = _FORMATS.get(layer.axis) if len(inputs.shape) == 4 else None
   if not (training and layer.trainable) or mask is not None or layer.renorm:
     return keras_call(inputs, training=training, mask=mask)
-  if layer.synchronized and tf.distribute.has_strategy():
-    return _synchronized(layer, inputs)
-  if fmt is None or layer.synchronized:
+  if layer.synchronized:
+    # None in a cross-replica context, where Keras uses local moments.
+    context = tf.distribute.get_replica_context()
+    return (_synchronized(layer, inputs, context) if context is not None
+            else keras_call(inputs, training=training, mask=mask))
+  fmt = _FORMATS.get(layer.axis) if len(inputs.shape) == 4 else None
+  if fmt is None:
     return keras_call(inputs, training=training, mask=mask)
   x = tf.cast(inputs, tf.float32)  # as Keras: statistics in float32
   channels = x.shape[layer.axis]
@@ -74,7 +79,7 @@ def _fused_call(layer, keras_call, inputs, training=None, mask=None):
   return tf.cast(y, layer.compute_dtype)
 
 
-def _synchronized(layer, inputs):
+def _synchronized(layer, inputs, context):
   """Keras's synchronized BatchNorm with one all-reduce instead of three."""
   x = tf.cast(inputs, tf.float32)
   axes = [i for i in range(len(x.shape)) if i != layer.axis % len(x.shape)]
@@ -85,8 +90,7 @@ def _synchronized(layer, inputs):
                      count[None]], axis=0)
   # One packed all-reduce per layer (its gradient is one more in the
   # backward pass); Keras's _compute_moments_sync makes three.
-  total = tf.distribute.get_replica_context().all_reduce(
-      tf.distribute.ReduceOp.SUM, local)
+  total = context.all_reduce(tf.distribute.ReduceOp.SUM, local)
   mean = tf.math.divide_no_nan(total[:channels], total[-1])
   square = tf.math.divide_no_nan(total[channels:2 * channels], total[-1])
   # var = E(x^2) - E(x)^2, clipped at 0 as Keras does.
