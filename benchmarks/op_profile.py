@@ -1,4 +1,4 @@
-"""Op types side by side from TF profiler traces: `python -m benchmarks.op_profile A B`.
+"""Op types of two TF profiler traces side by side (benchmarks/op_profile.py).
 
     python -m benchmarks.throughput --baselines=orbit --profile_dir=/tmp/p
     python -m benchmarks.op_profile /tmp/p/engine /tmp/p/orbit --steps=10

@@ -65,7 +65,8 @@ flags.DEFINE_bool("with_keras_bn", False, "Also run the engine with "
 flags.DEFINE_string("baseline_tree", "",
                     "Also run the engine from this checkout (e.g. a worktree "
                     "of the commit before a change) as variant engine_before, "
-                    "side by side with this one.")
+                    "side by side with this one (its benchmarks/throughput.py "
+                    "must take this one's flags).")
 FLAGS = flags.FLAGS
 _SHARED = ("steps", "warmup", "image_size", "batch_size_per_replica",
            "strategy", "cpu_devices", "steps_per_loop")
@@ -127,15 +128,15 @@ def _commands():
   pin = ["taskset", "-c", FLAGS.cpus] if FLAGS.cpus else []
   # The environment the user started us with: importing the engine set
   # variables (engine._SET_AT_IMPORT) that a Keras or Orbit user lacks.
-  user_env = {k: v for k, v in os.environ.items()
-              if k not in engine._SET_AT_IMPORT}  # pylint: disable=protected-access
+  engine_set = engine._SET_AT_IMPORT  # pylint: disable=protected-access
+  user_env = {k: v for k, v in os.environ.items() if k not in engine_set}
   script = os.path.join(HERE, "baselines.py")
   profile = [f"--profile_dir={FLAGS.profile_dir}/orbit"] if (
       FLAGS.profile_dir) else []
   commands = {"engine": variants_lib.Command(
       pin + [sys.executable, "-m", "benchmarks.throughput", "--variant=engine",
              f"--model={FLAGS.model}", f"--profile_dir={FLAGS.profile_dir}",
-             *shared], cwd=ROOT)}
+             f"--fused_batchnorm={FLAGS.fused_batchnorm}", *shared], cwd=ROOT)}
   if FLAGS.with_keras_bn:
     commands["engine_keras_bn"] = commands["engine"]._replace(
         argv=commands["engine"].argv + ["--nofused_batchnorm"])

@@ -1,4 +1,4 @@
-"""Fused BatchNorm (engine/core/batchnorm.py) computes what Keras's layer does."""
+"""The fused BatchNorm (engine/core/batchnorm.py) computes what Keras's does."""
 import numpy as np
 import pytest
 
@@ -76,8 +76,8 @@ def test_fused_kernel_is_in_the_graph_and_flag_off_is_keras():
   def ops(fused):
     model, norm = _model("float32")
     batchnorm.configure(model, synchronized=False, fused=fused)
-    graph = tf.function(lambda x: model(x, training=True)).get_concrete_function(
-        tf.TensorSpec([2, 6, 5, 4])).graph
+    train = tf.function(lambda x: model(x, training=True))
+    graph = train.get_concrete_function(tf.TensorSpec([2, 6, 5, 4])).graph
     return {op.type for op in graph.get_operations()}, norm
 
   fused, _ = ops(True)
