@@ -127,7 +127,8 @@ def _commands():
   shared = [f"--{n}={FLAGS[n].value}" for n in _SHARED]
   pin = ["taskset", "-c", FLAGS.cpus] if FLAGS.cpus else []
   # The environment the user started us with: importing the engine set
-  # variables (engine._SET_AT_IMPORT) that a Keras or Orbit user lacks.
+  # variables (engine._SET_AT_IMPORT) that a Keras or Orbit user lacks; the
+  # engine's child sets its own defaults again when it imports the engine.
   engine_set = engine._SET_AT_IMPORT  # pylint: disable=protected-access
   user_env = {k: v for k, v in os.environ.items() if k not in engine_set}
   script = os.path.join(HERE, "baselines.py")
@@ -136,14 +137,15 @@ def _commands():
   commands = {"engine": variants_lib.Command(
       pin + [sys.executable, "-m", "benchmarks.throughput", "--variant=engine",
              f"--model={FLAGS.model}", f"--profile_dir={FLAGS.profile_dir}",
-             f"--fused_batchnorm={FLAGS.fused_batchnorm}", *shared], cwd=ROOT)}
+             f"--fused_batchnorm={FLAGS.fused_batchnorm}", *shared],
+      user_env, ROOT)}
   if FLAGS.with_keras_bn:
     commands["engine_keras_bn"] = commands["engine"]._replace(
         argv=commands["engine"].argv + ["--nofused_batchnorm"])
   if FLAGS.baseline_tree:
     tree = os.path.abspath(FLAGS.baseline_tree)
     commands["engine_before"] = commands["engine"]._replace(
-        env=dict(os.environ, PYTHONPATH=tree), cwd=tree)
+        env=dict(user_env, PYTHONPATH=tree), cwd=tree)
   for name in FLAGS.baselines:
     python = sys.executable
     if name == "orbit":
