@@ -1,14 +1,25 @@
-"""Engine vs Keras `fit` vs a minimal hand-written loop, measured side by side.
+"""The engine vs the loops TensorFlow users run, each as its users run it.
 
-    python -m benchmarks.throughput [--steps=30 --warmup=5 --rounds=2]
+    bash benchmarks/setup_orbit.sh          # once: Orbit's own venv
+    python -m benchmarks.throughput [--rounds=3 --steps=30]
+    python -m benchmarks.throughput --strategy=one_device --cpus=0  # one core
 
-Each variant runs in its own process (logical devices are per process) on the
-same machine, model, data and strategy: MirroredStrategy on 2 logical CPU
-devices, MobileNetV2 at 64x64, 64 examples per replica, Adam. Rounds
-alternate the order of the variants; the best steady-state rate of each is
-kept. Prints a table and the two ratios the engine must reach (>= 1.10x fit,
->= 0.98x the minimal loop). All three run with the engine's glibc malloc
-setting (engine/memory.py), so the ratios compare the loops alone.
+Variants, each in its own fresh process, rounds alternating the order:
+  engine   the engine's built-in job (`engine.run`), with its defaults;
+  fit      Keras 3 `compile` + `fit` (benchmarks/baselines.py);
+  minimal  a hand-written loop, one tf.function call per step (same file);
+  orbit    TF Model Garden's Orbit Controller + StandardTrainer on tf_keras,
+           started with benchmarks/.orbit_venv's python (skipped, and said
+           so, when that venv is absent).
+The baselines run as plain scripts with the environment this command was
+started with, minus what importing the engine set (TF_ENABLE_ONEDNN_OPTS),
+and without the engine's malloc tuning: TensorFlow's defaults, as their
+users have them. Same model (MobileNetV2, random init), batch, Adam and
+strategy for all; images in memory for the baselines, the engine's synthetic
+data set for the engine. Prints every rate, the medians and the ratios
+engine / baseline (targets: >= 1.10 Orbit, >= 1.30 fit). --profile_dir also
+traces one host loop (--steps_per_loop steps) of the engine and of Orbit
+after the timed steps and prints benchmarks.xplane_summary of each.
 """
 import json
 import os
@@ -19,59 +30,65 @@ import time
 from absl import app
 from absl import flags
 
-from benchmarks.variants import best_results
+import engine
+from benchmarks import variants as variants_lib
 
-flags.DEFINE_enum("variant", None, ["engine", "fit", "minimal"],
-                  "Internal: run one variant in this process.")
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+ORBIT_PYTHON = os.path.join(HERE, ".orbit_venv", "bin", "python")
+
+flags.DEFINE_enum("variant", None, ["engine"],
+                  "Internal: run the engine's variant in this process.")
 flags.DEFINE_integer("steps", 30, "Timed steps per variant.")
-flags.DEFINE_integer("warmup", 5, "Untimed steps first.")
-flags.DEFINE_integer("rounds", 2, "Rounds, alternating the order.")
+flags.DEFINE_integer("warmup", 10, "Untimed steps first.")
+flags.DEFINE_integer("rounds", 3, "Rounds, alternating the order.")
 flags.DEFINE_integer("image_size", 64, "Image side.")
-flags.DEFINE_integer("batch_size_per_replica", 64, "Per-replica batch.")
-flags.DEFINE_integer("cpu_devices", 2, "Logical CPU devices (replicas).")
-flags.DEFINE_string("model", "mobilenet_v2", "Model.")
-flags.DEFINE_integer("steps_per_loop", 10, "Engine steps per host call.")
+flags.DEFINE_integer("batch_size_per_replica", 16, "Per-replica batch.")
+flags.DEFINE_enum("strategy", "mirrored", ["mirrored", "one_device"],
+                  "tf.distribute strategy of every variant.")
+flags.DEFINE_integer("cpu_devices", 2, "Logical CPU devices (mirrored).")
+flags.DEFINE_string("model", "mobilenet_v2", "Model (the baselines: "
+                    "mobilenet_v2 only).")
+flags.DEFINE_integer("steps_per_loop", 10, "Engine and Orbit steps per host "
+                     "call.")
+flags.DEFINE_string("cpus", "", "Pin every variant to these cores "
+                    "(taskset -c), e.g. 0 for one core.")
+flags.DEFINE_list("baselines", ["fit", "minimal", "orbit"],
+                  "Baselines to run next to the engine.")
+flags.DEFINE_string("orbit_python", ORBIT_PYTHON,
+                    "Python of the venv that benchmarks/setup_orbit.sh made.")
+flags.DEFINE_string("profile_dir", "", "Trace one host loop of the engine "
+                    "and of Orbit into DIR/<variant> and summarise them.")
+flags.DEFINE_bool("fused_batchnorm", True, "The engine's --fused_batchnorm.")
+flags.DEFINE_bool("with_keras_bn", False, "Also run the engine with "
+                  "--nofused_batchnorm, as variant engine_keras_bn.")
 flags.DEFINE_string("baseline_tree", "",
                     "Also run the engine from this checkout (e.g. a worktree "
                     "of the commit before a change) as variant engine_before, "
-                    "side by side with this one.")
+                    "side by side with this one (its benchmarks/throughput.py "
+                    "must take this one's flags).")
 FLAGS = flags.FLAGS
+_SHARED = ("steps", "warmup", "image_size", "batch_size_per_replica",
+           "strategy", "cpu_devices", "steps_per_loop")
 
 
 def _fields():
   """The built-in job's flag values for this benchmark."""
+  timed = FLAGS.warmup + FLAGS.steps
+  profile = bool(FLAGS.profile_dir)
+  mirrored = FLAGS.strategy == "mirrored"
   return dict(
-      model=FLAGS.model, image_size=FLAGS.image_size, strategy="mirrored",
-      cpu_devices=FLAGS.cpu_devices, optimizer="adam",
-      batch_size_per_replica=FLAGS.batch_size_per_replica,
-      train_steps=FLAGS.warmup + FLAGS.steps,
+      model=FLAGS.model, image_size=FLAGS.image_size,
+      strategy=FLAGS.strategy, cpu_devices=FLAGS.cpu_devices if mirrored else 0,
+      optimizer="adam", batch_size_per_replica=FLAGS.batch_size_per_replica,
+      train_steps=timed + (FLAGS.steps_per_loop if profile else 0),
       steps_per_loop=FLAGS.steps_per_loop, log_every=1000,
-      synthetic_examples=4096,
-      model_dir=tempfile.mkdtemp(prefix="tfengine_bench_"))
-
-
-def _common(fields):
-  """Strategy, model, data: built the same way for the two baselines."""
-  import keras  # pylint: disable=g-import-not-at-top
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from engine.core import inputs  # pylint: disable=g-import-not-at-top
-  from engine.distribute import devices, memory  # pylint: disable=g-import-not-at-top
-  from engine.tasks import image_classification as ic  # pylint: disable=g-import-not-at-top
-  config, image = ic.configs(**fields)
-  strategy = devices.make_strategy(config.distribution)
-  # The engine's host-memory setting for the baselines too, so that the
-  # ratios measure the loops and not the allocator (README, Host memory).
-  memory.tune_malloc()
-  global_batch = (config.data.batch_size_per_replica *
-                  strategy.num_replicas_in_sync)
-  task = ic.ImageClassification(image, seed=config.loop.seed)
-  keras.utils.set_random_seed(config.loop.seed)
-  dataset = inputs.TrainData(task, tf.distribute.InputContext(), config.data,
-                             global_batch, config.loop.seed).batches()
-  with strategy.scope():
-    model = task.build_model()
-    optimizer = keras.optimizers.Adam(config.optimization.learning_rate)
-  return strategy, model, optimizer, dataset, global_batch
+      synthetic_examples=4096, export=False,
+      fused_batchnorm=FLAGS.fused_batchnorm,
+      profile_steps=(timed + 1, timed + FLAGS.steps_per_loop) if profile
+      else (),
+      model_dir=(os.path.join(FLAGS.profile_dir, "engine") if profile else
+                 tempfile.mkdtemp(prefix="tfengine_bench_")))
 
 
 def run_engine(fields):
@@ -85,10 +102,13 @@ def run_engine(fields):
       self.start, self.stop, self.examples = None, None, 0.0
 
     def next_stop(self, step):
-      return FLAGS.warmup if step < FLAGS.warmup else super().next_stop(step)
+      for mark in (FLAGS.warmup, FLAGS.warmup + FLAGS.steps):
+        if step < mark:
+          return mark
+      return super().next_stop(step)
 
     def after_loop(self, step, rows, seconds):
-      if self.start is not None:
+      if self.start is not None and step <= FLAGS.warmup + FLAGS.steps:
         self.examples += float(rows["examples"].sum())
         self.stop = time.perf_counter()
       if step == FLAGS.warmup:
@@ -101,97 +121,92 @@ def run_engine(fields):
   return timer.examples / (timer.stop - timer.start)
 
 
-def run_fit(fields):
-  import keras  # pylint: disable=g-import-not-at-top
-  strategy, model, optimizer, dataset, global_batch = _common(fields)
-  with strategy.scope():
-    model.compile(optimizer=optimizer, metrics=["accuracy"],
-                  loss=keras.losses.SparseCategoricalCrossentropy(
-                      from_logits=True))
-  marks = {}
 
-  class Timer(keras.callbacks.Callback):
-    def on_train_batch_end(self, batch, logs=None):
-      if batch + 1 == FLAGS.warmup:
-        marks["start"] = time.perf_counter()
-
-  model.fit(dataset, epochs=1, steps_per_epoch=FLAGS.warmup + FLAGS.steps,
-            callbacks=[Timer()], verbose=0)
-  return FLAGS.steps * global_batch / (time.perf_counter() - marks["start"])
-
-
-def run_minimal(fields):
-  """The textbook custom loop: one tf.function call per step, Keras reduces."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  strategy, model, optimizer, dataset, global_batch = _common(fields)
-  with strategy.scope():
-    optimizer.build(model.trainable_variables)
-
-  def replica_step(images, labels):
-    with tf.GradientTape() as tape:
-      logits = model(images, training=True)
-      loss = tf.nn.compute_average_loss(
-          tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits),
-          global_batch_size=global_batch)
-    grads = tape.gradient(loss, model.trainable_variables)
-    optimizer.apply(grads, model.trainable_variables)  # sums across replicas
-    return loss
-
-  @tf.function
-  def train_step(iterator):
-    return strategy.reduce("SUM", strategy.run(replica_step,
-                                               args=next(iterator)), axis=None)
-
-  iterator = iter(strategy.experimental_distribute_dataset(dataset))
-  for _ in range(FLAGS.warmup):
-    train_step(iterator).numpy()
-  start = time.perf_counter()
-  for _ in range(FLAGS.steps):
-    loss = train_step(iterator)
-  loss.numpy()
-  return FLAGS.steps * global_batch / (time.perf_counter() - start)
-
-
-def child():
-  from engine.distribute import devices  # pylint: disable=g-import-not-at-top
-  devices.configure_host(FLAGS.cpu_devices)
-  run = {"engine": run_engine, "fit": run_fit, "minimal": run_minimal}
-  rate = run[FLAGS.variant](_fields())
-  print("RESULT " + json.dumps({"variant": FLAGS.variant, "rate": rate}))
+def _commands():
+  """{variant: Command}: the engine here, the baselines as plain scripts."""
+  shared = [f"--{n}={FLAGS[n].value}" for n in _SHARED]
+  pin = ["taskset", "-c", FLAGS.cpus] if FLAGS.cpus else []
+  # The environment the user started us with: importing the engine set
+  # variables (engine._SET_AT_IMPORT) that a Keras or Orbit user lacks; the
+  # engine's child sets its own defaults again when it imports the engine.
+  engine_set = engine._SET_AT_IMPORT  # pylint: disable=protected-access
+  user_env = {k: v for k, v in os.environ.items() if k not in engine_set}
+  script = os.path.join(HERE, "baselines.py")
+  profile = [f"--profile_dir={FLAGS.profile_dir}/orbit"] if (
+      FLAGS.profile_dir) else []
+  commands = {"engine": variants_lib.Command(
+      pin + [sys.executable, "-m", "benchmarks.throughput", "--variant=engine",
+             f"--model={FLAGS.model}", f"--profile_dir={FLAGS.profile_dir}",
+             f"--fused_batchnorm={FLAGS.fused_batchnorm}", *shared],
+      user_env, ROOT)}
+  if FLAGS.with_keras_bn:
+    commands["engine_keras_bn"] = commands["engine"]._replace(
+        argv=commands["engine"].argv + ["--nofused_batchnorm"])
+  if FLAGS.baseline_tree:
+    tree = os.path.abspath(FLAGS.baseline_tree)
+    commands["engine_before"] = commands["engine"]._replace(
+        env=dict(user_env, PYTHONPATH=tree), cwd=tree)
+  for name in FLAGS.baselines:
+    python = sys.executable
+    if name == "orbit":
+      if not os.path.exists(FLAGS.orbit_python):
+        print(f"orbit: skipped, {FLAGS.orbit_python} not found; run "
+              "`bash benchmarks/setup_orbit.sh` first.")
+        continue
+      python = FLAGS.orbit_python
+    commands[name] = variants_lib.Command(
+        pin + [python, script, f"--variant={name}", *shared,
+               *(profile if name == "orbit" else [])], user_env, ROOT)
+  return commands
 
 
 def parent():
-  variants = ["engine", "fit", "minimal"]
-  trees = {}
-  if FLAGS.baseline_tree:
-    variants.append("engine_before")
-    trees["engine_before"] = ("engine", os.path.abspath(FLAGS.baseline_tree))
-  passthrough = [a for a in sys.argv[1:] if not a.startswith(
-      ("--rounds", "--baseline_tree"))]
-  best = {v: r["rate"] for v, r in best_results(
-      "benchmarks.throughput", variants, FLAGS.rounds, passthrough,
-      trees).items()}
-  print(f"\n{FLAGS.model} {FLAGS.image_size}x{FLAGS.image_size}, "
-        f"MirroredStrategy on {FLAGS.cpu_devices} logical CPUs, "
+  commands = _commands()
+  results = variants_lib.run_rounds(commands, FLAGS.rounds)
+  median = variants_lib.median_rates(results)
+  where = (f"MirroredStrategy on {FLAGS.cpu_devices} logical CPUs"
+           if FLAGS.strategy == "mirrored" else "OneDeviceStrategy")
+  print(f"\n{FLAGS.model} {FLAGS.image_size}x{FLAGS.image_size}, {where}"
+        f"{', cores ' + FLAGS.cpus if FLAGS.cpus else ''}, "
         f"{FLAGS.batch_size_per_replica} per replica, {FLAGS.steps} timed "
-        f"steps, best of {FLAGS.rounds}")
-  print("| variant | examples/s | engine / variant |")
-  print("|---|---|---|")
-  for v in variants:
-    print(f"| {v} | {best[v]:.1f} | {best['engine'] / best[v]:.3f} |")
-  print(f"engine/fit = {best['engine'] / best['fit']:.3f} (target >= 1.10); "
-        f"engine/minimal = {best['engine'] / best['minimal']:.3f} "
-        "(target >= 0.98)")
-  if FLAGS.baseline_tree:
-    print(f"engine/engine_before = "
-          f"{best['engine'] / best['engine_before']:.3f} (target >= 0.98; "
-          f"before: {FLAGS.baseline_tree})")
+        f"steps, median of {FLAGS.rounds} rounds")
+  print("| variant | oneDNN | examples/s (each round) | median | "
+        "engine / variant |")
+  print("|---|---|---|---|---|")
+  for v, rs in results.items():
+    rates = ", ".join(f"{r['rate']:.1f}" for r in rs)
+    onednn = "on" if rs[0].get("onednn") else "off"
+    print(f"| {v} | {onednn} | {rates} | {median[v]:.1f} | "
+          f"{median['engine'] / median[v]:.3f} |")
+  targets = {"orbit": 1.10, "fit": 1.30}
+  print("; ".join(f"engine/{v} = {median['engine'] / median[v]:.3f} (target "
+                  f">= {t:.2f})" for v, t in targets.items() if v in median))
+  if FLAGS.profile_dir:
+    from benchmarks import xplane_summary  # pylint: disable=g-import-not-at-top
+    for v in ("engine", "orbit"):
+      path = os.path.join(FLAGS.profile_dir, v)
+      if os.path.isdir(path):
+        print(f"\n== profile: {v}, {FLAGS.steps_per_loop} steps\n"
+              + xplane_summary.summarise(path))
 
 
 def main(argv):
   del argv
   if FLAGS.variant:
-    child()
+    # As the command line does, before TensorFlow is imported: oneDNN on for
+    # one replica (engine/onednn.py).
+    from engine import onednn  # pylint: disable=g-import-not-at-top
+    from engine.tasks import image_classification as ic  # pylint: disable=g-import-not-at-top
+    onednn.prefer_for(ic.configs(**_fields())[0].distribution,
+                      bool(engine._SET_AT_IMPORT))  # pylint: disable=protected-access
+    from engine.distribute import devices  # pylint: disable=g-import-not-at-top
+    devices.configure_host(FLAGS.cpu_devices if FLAGS.strategy == "mirrored"
+                           else 0)
+    rate = run_engine(_fields())
+    from engine.core import run  # pylint: disable=g-import-not-at-top
+    onednn = run._onednn_state()["onednn"]  # pylint: disable=protected-access
+    print("RESULT " + json.dumps({"variant": "engine", "rate": rate,
+                                  "onednn": onednn}))
   else:
     parent()
 

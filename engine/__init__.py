@@ -18,14 +18,20 @@ or, as a command line with the engine's flags next to your own:
 
 Importing the engine defines no absl flag and runs no TensorFlow op. It sets
 one process default first: `TF_ENABLE_ONEDNN_OPTS` to 0 unless you set it
-(TensorFlow reads it once, at its import). TF 2.21 turns its oneDNN graph
-rewrites on by default on CPUs with AVX-512; there, graphs with several
-replicas fail or go wrong (docs/design.md, "oneDNN"). Set the variable
-yourself (to 1) to have TF's choice back.
+(TensorFlow reads it once, at its import; engine/onednn.py). TF 2.21 turns
+its oneDNN rewrites on by default on CPUs with AVX-512; there, Conv2D on an
+empty batch returns the wrong shape, which a replica's share of a partial
+batch can be (docs/design.md, "oneDNN"). Set the variable yourself (to 1)
+to have TF's choice back.
 """
-import os
+import sys
 
-os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+from engine import onednn as _onednn
+
+# What this import set (the user had not): benchmarks give their baselines
+# the user's environment without it; the run log and summary.json say it.
+_TENSORFLOW_FIRST = "tensorflow" in sys.modules
+_SET_AT_IMPORT = _onednn.set_process_default()
 
 # The public API, imported on first use (PEP 562), so that `import engine`
 # and the launcher (`python -m engine.launch`) do not load TensorFlow.

@@ -146,6 +146,9 @@ class OptimizationConfig:
   lr_values: Tuple[float, ...] = ()  # piecewise: len(lr_boundaries) + 1
   lr_decay_rate: float = 0.0  # exponential: factor per lr_decay_steps
   lr_decay_steps: int = 0
+  # BatchNormalization on TF's fused kernel in training (engine/core/
+  # batchnorm.py); False: Keras's own layer.
+  fused_batchnorm: bool = True
 
   def __post_init__(self):
     _one_of("optimizer", self.optimizer, OPTIMIZERS)

@@ -26,8 +26,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from engine import onednn
 from engine.config import Config
-from engine.core import best, checkpoint, eval_only, evaluate, inputs
+from engine.core import batchnorm, best, checkpoint, eval_only, evaluate, inputs
 from engine.core import callbacks as callbacks_lib
 from engine.core import ema as ema_lib
 from engine.core import init_weights, preemption, schedules, step
@@ -223,6 +224,8 @@ def _set_up(config: Config) -> _Setup:
   if chief and config.reporting.export and config.reporting.export_dir:
     check_model_dir(config.reporting.export_dir, "export_dir")
   replicas = strategy.num_replicas_in_sync
+  onednn.check_replicas(replicas * getattr(strategy.extended, "_num_workers",
+                                           1))
   # One optimizer update takes --grad_accum_steps micro-batches per replica.
   global_batch = (config.data.batch_size_per_replica *
                   config.optimization.grad_accum_steps * replicas)
@@ -250,6 +253,9 @@ def _build_state(task: Task, config: Config, setup: _Setup) -> _State:
       data.num_examples, data.steps_per_epoch, total_steps)
   described = task.describe()
   logging.info("Task %s: %s", task.name, json.dumps(described))
+  onednn_state = _onednn_state()
+  logging.info("oneDNN %s: %s.", "on" if onednn_state["onednn"] else "off",
+               onednn_state["onednn_source"])
   with strategy.scope():
     model = build_model(task, config)
     step.check_forward(task, model, metrics, data.batches().element_spec)
@@ -299,21 +305,24 @@ def _build_state(task: Task, config: Config, setup: _Setup) -> _State:
 
 
 def build_model(task: Task, config: Config) -> keras.Model:
-  """The task's model under the run's dtype policy, with sync BatchNorm set
-  and --freeze's layers frozen."""
+  """The task's model under the run's dtype policy, its BatchNorm set
+  (fused, synchronized) and --freeze's layers frozen."""
   with _dtype_policy(config.optimization.mixed_precision):
     model = task.build_model()
   if not isinstance(model, keras.Model):
     raise ConfigError(f"task {task.name}: build_model() returned "
                       f"{type(model).__name__}, not a keras.Model.")
-  for layer in model._flatten_layers():  # pylint: disable=protected-access
-    if isinstance(layer, keras.layers.BatchNormalization):
-      # Read at call time (BatchNormalization._moments), so setting it on
-      # built layers is enough.
-      layer.synchronized = config.distribution.sync_batchnorm
+  batchnorm.configure(model, synchronized=config.distribution.sync_batchnorm,
+                      fused=config.optimization.fused_batchnorm)
   if config.initialization.freeze:  # before the optimizer takes the variables
     init_weights.freeze(model, config.initialization.freeze)
   return model
+
+
+def _onednn_state() -> dict:
+  """{"onednn": on?, "onednn_source": who chose} (engine/onednn.py)."""
+  import engine  # pylint: disable=g-import-not-at-top,protected-access
+  return onednn.state(bool(engine._SET_AT_IMPORT), engine._TENSORFLOW_FIRST)
 
 
 @contextlib.contextmanager
@@ -571,6 +580,7 @@ def _summarize(task, config, setup, state, history, steady) -> dict:
       "task": task.name,
       **task.describe(),
       "malloc_tuned": setup.malloc_tuned,
+      **_onednn_state(),
       "collectives_per_step": collectives,
       "mode": config.loop.mode,
       "ema_decay": config.loop.ema_decay,

@@ -1,0 +1,66 @@
+"""Op types of two TF profiler traces side by side (benchmarks/op_profile.py).
+
+    python -m benchmarks.throughput --baselines=orbit --profile_dir=/tmp/p
+    python -m benchmarks.op_profile /tmp/p/engine /tmp/p/orbit --steps=10
+
+Sums, per trace directory, the time of every TensorFlow op event (named
+"name:OpType") by OpType, and prints the largest types per step, with the
+difference B - A: where one step's time goes, and where two loops differ.
+Also the wall time of the traced host call (the event spanning the steps).
+"""
+import collections
+import glob
+import os
+
+from absl import app
+from absl import flags
+
+flags.DEFINE_integer("steps", 10, "Steps in each trace (the divisor).")
+flags.DEFINE_integer("top", 20, "Op types to print.")
+FLAGS = flags.FLAGS
+
+
+def op_totals(directory: str):
+  """({op type: ms}, longest top-level event ms) over every trace file."""
+  from tensorflow.tsl.profiler.protobuf import xplane_pb2  # pylint: disable=g-import-not-at-top
+  files = glob.glob(os.path.join(directory, "**", "*.xplane.pb"),
+                    recursive=True)
+  if not files:
+    raise SystemExit(f"error: no *.xplane.pb under {directory}")
+  totals = collections.Counter()
+  longest = 0.0
+  for path in files:
+    space = xplane_pb2.XSpace()
+    with open(path, "rb") as f:
+      space.ParseFromString(f.read())
+    for plane in space.planes:
+      names = {k: m.name for k, m in plane.event_metadata.items()}
+      for line in plane.lines:
+        for event in line.events:
+          name = names.get(event.metadata_id, "")
+          ms = event.duration_ps / 1e9
+          if name in ("train_loop", "loop_fn"):  # engine / Orbit host call
+            longest = max(longest, ms)
+          if ":" in name and "::" not in name and not name.startswith(
+              ("Eager", "Iterator")):
+            totals[name.rsplit(":", 1)[1]] += ms
+  return totals, longest
+
+
+def main(argv):
+  a_dir, b_dir = argv[1:3]
+  (a, a_wall), (b, b_wall) = op_totals(a_dir), op_totals(b_dir)
+  n = FLAGS.steps
+  print(f"A = {a_dir}, B = {b_dir}; ms per step, op time summed over threads")
+  print(f"host call wall: A {a_wall / n:.1f}  B {b_wall / n:.1f}")
+  print(f"all ops:        A {sum(a.values()) / n:.1f}  "
+        f"B {sum(b.values()) / n:.1f}")
+  print("| op type | A | B | B - A |")
+  print("|---|---|---|---|")
+  for op, _ in (a + b).most_common(FLAGS.top):
+    print(f"| {op} | {a[op] / n:.1f} | {b[op] / n:.1f} | "
+          f"{(b[op] - a[op]) / n:+.1f} |")
+
+
+if __name__ == "__main__":
+  app.run(main)
