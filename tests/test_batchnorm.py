@@ -5,6 +5,7 @@ import pytest
 from conftest import run_job, tiny_config
 from engine import Config
 from engine.core import batchnorm
+from engine.distribute import devices
 
 RTOL = 1e-4
 
@@ -107,7 +108,10 @@ def test_synchronized_is_one_all_reduce_and_matches_keras(monkeypatch):
     return original(self, *args, **kwargs)
 
   monkeypatch.setattr(tf.distribute.ReplicaContext, "all_reduce", counted)
-  strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+  # Through the engine: each strategy it makes gets collective keys of its
+  # own (a bare MirroredStrategy would reuse the last one's, and meet any
+  # collective an earlier test in this process left pending).
+  strategy = devices.make_strategy(Config.create(cpu_devices=2).distribution)
   rng = np.random.default_rng(1)
   x = rng.normal(1, 2, (6, 6, 5, 4)).astype(np.float32)
   results = {}

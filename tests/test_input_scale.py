@@ -19,6 +19,7 @@ import tensorflow as tf
 from conftest import ROOT, engine_cmd, run_job, tiny_config
 from data import decode, export, folder
 from engine.core import inputs
+from engine.distribute import devices
 from engine.errors import ConfigError
 from engine.tasks import image_classification
 import test_multi_worker as mw
@@ -77,8 +78,7 @@ def test_replica_rows_are_exactly_tf_distributes(drop_remainder):
   # 20 examples, global batch 8: a partial batch of 4 inside the stream.
   j = tiny_config(synthetic_examples=20, batch_size_per_replica=2,
                   cpu_devices=4, drop_remainder=drop_remainder)
-  strategy = tf.distribute.MirroredStrategy(
-      [f"/cpu:{i}" for i in range(4)])
+  strategy = devices.make_strategy(j.config.distribution)
   data = inputs.TrainData(j.task(), inputs.input_context(strategy),
                           j.config.data, GLOBAL_BATCH, 7)
   theirs = iter(strategy.experimental_distribute_dataset(data.batches()))
