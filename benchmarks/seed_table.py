@@ -9,7 +9,7 @@ one device with batch 64; N devices with global batch 64; N devices with
 global batch 64 x N; then the same three for multi_worker through
 `engine.launch` (1 worker; N workers with global batch 64; N workers with
 64 each; one replica per worker). Every cell runs the engine and Keras `fit`
-(benchmarks/throughput.py's runner, under the same strategy), one after the
+(benchmarks/in_process.py's runner, under the same strategy), one after the
 other: the mirrored table in one child process, the multi_worker cells in
 their own worker processes. Seconds per epoch = examples per epoch / the
 steady-state rate (the first, tracing steps left out), measured over
@@ -29,7 +29,7 @@ import tempfile
 from absl import app
 from absl import flags
 
-from benchmarks import throughput
+from benchmarks import in_process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (examples in the train split, classes) of the seed's data sets, for the
@@ -58,7 +58,7 @@ flags.DEFINE_integer("task_index", -1, "Internal: set by engine.launch.")
 flags.DEFINE_integer("num_examples", 0, "Internal: synthetic stand-in size.")
 flags.DEFINE_integer("num_classes", 10, "Internal: synthetic classes.")
 FLAGS = flags.FLAGS
-# The seed's job is MobileNetV2 at 224x224; throughput.py's flags default
+# The seed's job is MobileNetV2 at 224x224; in_process.py's flags default
 # to a CPU-sized 64x64.
 FLAGS.set_default("image_size", 224)
 
@@ -193,7 +193,7 @@ def cells_child():
                       config).summary["examples_per_sec"]
     FLAGS.steps = cell["fit_steps"]  # run_fit times the steps after --warmup
     fields["model_dir"] += "_fit"
-    results.append((rate, throughput.run_fit(fields)))
+    results.append((rate, in_process.run_fit(fields)))
   with open(FLAGS.cells + ".out", "w") as f:
     json.dump(results, f)
 
@@ -233,7 +233,7 @@ def fit_child():
       num_classes=FLAGS.num_classes, optimizer="adam",
       batch_size_per_replica=FLAGS.global_batch // len(FLAGS.worker_hosts),
       train_steps=FLAGS.warmup + FLAGS.steps, model_dir=tempfile.mkdtemp())
-  rate = throughput.run_fit(fields)  # times the steps after --warmup
+  rate = in_process.run_fit(fields)  # times the steps after --warmup
   cluster.stop_watchdog()  # the last collective is done; peers may exit
   if FLAGS.task_index == 0:  # the chief reports
     with open(FLAGS.fit_result, "w") as f:

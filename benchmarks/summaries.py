@@ -2,7 +2,7 @@
 
     python -m benchmarks.summaries [--summary_every=10] [--steps=30 --rounds=3]
 
-Same set-up and flags as benchmarks/throughput.py (MirroredStrategy on 2
+Same set-up and flags as benchmarks/in_process.py (MirroredStrategy on 2
 logical CPU devices, MobileNetV2 at 64x64, 64 per replica), whose engine
 runner it reuses: the timed window includes the host-side hook work, so
 summary writing shows in the rate. Rounds alternate the order; prints the
@@ -16,8 +16,9 @@ import time
 from absl import app
 from absl import flags
 
-from benchmarks import throughput
+from benchmarks import in_process
 
+flags.DEFINE_integer("rounds", 2, "Rounds, alternating the order.")
 flags.DEFINE_integer("summary_every", 10,
                      "Steps between summaries in the 'with' runs.")
 FLAGS = flags.FLAGS
@@ -49,11 +50,11 @@ def main(argv):
     order = list(variants) if r % 2 == 0 else list(variants)[::-1]
     for v in order:
       fields = dict(
-          throughput._fields(),  # pylint: disable=protected-access
+          in_process.fields(),
           summary_every=variants[v], export=False,
           model_dir=tempfile.mkdtemp(prefix="tfengine_bench_summaries_"))
       before = spent[0]
-      rate = throughput.run_engine(fields)
+      rate = in_process.run_engine(fields)
       # Approximate window: the timed steps at the measured rate.
       window = FLAGS.steps * fields["batch_size_per_replica"] * (
           FLAGS.cpu_devices) / rate

@@ -1,0 +1,108 @@
+"""The in-process runners that benchmarks.seed_table and benchmarks.summaries
+time: the engine (`engine.run` with a timing hook) and Keras `fit`, on the
+image task's data, with the flags they share.
+
+`python -m benchmarks.throughput` measures the engine against baselines each
+in a fresh process with their users' settings (benchmarks/baselines.py);
+these runners instead put the engine and `fit` side by side in one process,
+under one strategy, for the seed chapter's table and the summaries' cost.
+"""
+import tempfile
+import time
+
+from absl import flags
+
+flags.DEFINE_integer("steps", 30, "Timed steps per variant.")
+flags.DEFINE_integer("warmup", 5, "Untimed steps first.")
+flags.DEFINE_integer("image_size", 64, "Image side.")
+flags.DEFINE_integer("batch_size_per_replica", 64, "Per-replica batch.")
+flags.DEFINE_integer("cpu_devices", 2, "Logical CPU devices (replicas).")
+flags.DEFINE_string("model", "mobilenet_v2", "Model.")
+flags.DEFINE_integer("steps_per_loop", 10, "Engine steps per host call.")
+FLAGS = flags.FLAGS
+
+
+def fields():
+  """The built-in job's flag values for this benchmark."""
+  return dict(
+      model=FLAGS.model, image_size=FLAGS.image_size, strategy="mirrored",
+      cpu_devices=FLAGS.cpu_devices, optimizer="adam",
+      batch_size_per_replica=FLAGS.batch_size_per_replica,
+      train_steps=FLAGS.warmup + FLAGS.steps,
+      steps_per_loop=FLAGS.steps_per_loop, log_every=1000,
+      synthetic_examples=4096,
+      model_dir=tempfile.mkdtemp(prefix="tfengine_bench_"))
+
+
+def _common(fields):
+  """Strategy, model, data for `fit`, built as the engine builds them."""
+  import keras  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from engine.core import inputs  # pylint: disable=g-import-not-at-top
+  from engine.distribute import devices, memory  # pylint: disable=g-import-not-at-top
+  from engine.tasks import image_classification as ic  # pylint: disable=g-import-not-at-top
+  config, image = ic.configs(**fields)
+  strategy = devices.make_strategy(config.distribution)
+  # The engine's host-memory setting for the baselines too, so that the
+  # ratios measure the loops and not the allocator (README, Host memory).
+  memory.tune_malloc()
+  global_batch = (config.data.batch_size_per_replica *
+                  strategy.num_replicas_in_sync)
+  task = ic.ImageClassification(image, seed=config.loop.seed)
+  keras.utils.set_random_seed(config.loop.seed)
+  dataset = inputs.TrainData(task, tf.distribute.InputContext(), config.data,
+                             global_batch, config.loop.seed).batches()
+  with strategy.scope():
+    model = task.build_model()
+    optimizer = keras.optimizers.Adam(config.optimization.learning_rate)
+  return strategy, model, optimizer, dataset, global_batch
+
+
+def run_engine(fields):
+  """Timed like the baselines: all steps after the warm-up, end to end."""
+  import engine  # pylint: disable=g-import-not-at-top
+  from engine.core import hooks  # pylint: disable=g-import-not-at-top
+  from engine.tasks import image_classification as ic  # pylint: disable=g-import-not-at-top
+
+  class Timer(hooks.Hook):
+    def __init__(self):
+      self.start, self.stop, self.examples = None, None, 0.0
+
+    def next_stop(self, step):
+      return FLAGS.warmup if step < FLAGS.warmup else super().next_stop(step)
+
+    def after_loop(self, step, rows, seconds):
+      if self.start is not None:
+        self.examples += float(rows["examples"].sum())
+        self.stop = time.perf_counter()
+      if step == FLAGS.warmup:
+        self.start = time.perf_counter()
+
+  timer = Timer()
+  config, image = ic.configs(**fields)
+  engine.run(ic.ImageClassification(image, seed=config.loop.seed), config,
+             hooks=[timer])
+  return timer.examples / (timer.stop - timer.start)
+
+
+def run_fit(fields):
+  """Keras `fit` under the same strategy and data; examples/s after the
+  warm-up."""
+  import keras  # pylint: disable=g-import-not-at-top
+  strategy, model, optimizer, dataset, global_batch = _common(fields)
+  with strategy.scope():
+    model.compile(optimizer=optimizer, metrics=["accuracy"],
+                  loss=keras.losses.SparseCategoricalCrossentropy(
+                      from_logits=True))
+  marks = {}
+
+  class Timer(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+      if batch + 1 == FLAGS.warmup:
+        marks["start"] = time.perf_counter()
+
+  model.fit(dataset, epochs=1, steps_per_epoch=FLAGS.warmup + FLAGS.steps,
+            callbacks=[Timer()], verbose=0)
+  return FLAGS.steps * global_batch / (time.perf_counter() - marks["start"])
+
+
