@@ -165,9 +165,15 @@ def test_a_stopped_peer_ends_the_run_within_the_collective_timeout(tmp_path):
   assert code == 3, text[-3000:]
   assert elapsed < timeout + 8, (elapsed, text[-2000:])
   errors = [l for l in text.splitlines() if l.startswith("error: ")]
-  assert errors == [
-      f"error: lost task worker:1 (127.0.0.1:{ports[1]}): it stopped "
-      "responding during training (its gRPC server did not answer within "
-      "2 s); stopping this worker too."], text[-3000:]
+  # One line naming the peer. Which detector words it depends on timing: the
+  # engine's watchdog ("stopped responding during training (its gRPC server
+  # did not answer within 2 s)") normally, TensorFlow's coordination service
+  # ("stopped sending heartbeats", after 10 s) when a loaded machine delays
+  # the watchdog's probe; both end the run the same way.
+  lost = f"error: lost task worker:1 (127.0.0.1:{ports[1]}): it stopped "
+  assert len(errors) == 1 and errors[0].startswith(lost) and errors[
+      0].endswith("; stopping this worker too."), text[-3000:]
+  assert ("stopped responding during training" in errors[0] or
+          "stopped sending heartbeats" in errors[0]), errors
   assert "Traceback" not in text
   assert max(threads) <= threads[0] + 10, threads
