@@ -143,9 +143,15 @@ def _commands():
     commands["engine_keras_bn"] = commands["engine"]._replace(
         argv=commands["engine"].argv + ["--nofused_batchnorm"])
   if FLAGS.baseline_tree:
+    # The other checkout's own throughput.py: only the flags it shares with
+    # this one (it may predate --strategy, --profile_dir, --fused_batchnorm),
+    # so compare on mirrored.
     tree = os.path.abspath(FLAGS.baseline_tree)
-    commands["engine_before"] = commands["engine"]._replace(
-        env=dict(user_env, PYTHONPATH=tree), cwd=tree)
+    old = [f"--{n}={FLAGS[n].value}" for n in _SHARED if n != "strategy"]
+    commands["engine_before"] = variants_lib.Command(
+        pin + [sys.executable, "-m", "benchmarks.throughput",
+               "--variant=engine", f"--model={FLAGS.model}", *old],
+        dict(user_env, PYTHONPATH=tree), tree)
   for name in FLAGS.baselines:
     python = sys.executable
     if name == "orbit":
