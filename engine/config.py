@@ -53,6 +53,13 @@ def _non_negative(section, *names):
       raise flag_error(name, value, "must be a non-negative integer.")
 
 
+def _regex(flag, value):
+  try:
+    re.compile(value)
+  except re.error as e:
+    raise flag_error(flag, value, f"is not a regular expression ({e}).") from e
+
+
 def _positive_float(section, *names):
   for name in names:
     value = getattr(section, name)
@@ -181,11 +188,7 @@ def _check_update_rule(opt: "OptimizationConfig") -> None:
     raise flag_error("weight_decay", opt.weight_decay,
                      "--optimizer=adamw needs a positive --weight_decay "
                      "(without one it is adam), e.g. 0.05.")
-  try:
-    re.compile(opt.weight_decay_exclude)
-  except re.error as e:
-    raise flag_error("weight_decay_exclude", opt.weight_decay_exclude,
-                     f"is not a regular expression ({e}).") from e
+  _regex("weight_decay_exclude", opt.weight_decay_exclude)
 
 
 def _check_schedule(opt: "OptimizationConfig") -> None:
@@ -340,11 +343,7 @@ class InitializationConfig:
       raise flag_error("init_weights", path,
                        "does not exist; pass a .weights.h5 or .keras file, "
                        "a run's model_dir or a checkpoint prefix.")
-    try:
-      re.compile(self.freeze)
-    except re.error as e:
-      raise flag_error("freeze", self.freeze,
-                       f"is not a regular expression ({e}).") from e
+    _regex("freeze", self.freeze)
 
 
 SECTIONS = {
