@@ -99,5 +99,6 @@ def eval_batches(j: Job, global_batch: int):
   """(the built-in job's evaluation batches, their example count)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from engine.core import inputs  # pylint: disable=g-import-not-at-top
-  return inputs.eval_inputs(j.task(), tf.distribute.InputContext(),
+  data = inputs.eval_inputs(j.task(), tf.distribute.InputContext(),
                             global_batch)
+  return data.batches(), data.num_examples

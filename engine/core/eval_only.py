@@ -75,11 +75,10 @@ def evaluate_checkpoint(task: Task, config: Config, setup, path: str,
   if built is None:
     raise flag_error("mode", "eval", f"task {task.name} has no evaluation "
                      "data (build_inputs('eval') returned None).")
-  dataset, num_examples = built
   saved = checkpoint.saved_keys(path)
   with strategy.scope():
     model = build_model(task, config)
-    step.check_forward(task, model, metrics, dataset.element_spec)
+    step.check_forward(task, model, metrics, built.element_spec)
     averages = (ema_lib.EMA(model.trainable_variables, 0.5)
                 if "ema" in saved else None)
   try:
@@ -93,14 +92,14 @@ def evaluate_checkpoint(task: Task, config: Config, setup, path: str,
                      ".") from e
   logging.info("Evaluating %s (step %d%s) on %d examples.", path,
                global_step, ", weight averages" if averages else "",
-               num_examples)
+               built.num_examples)
   with hang.bounded_calls(
       config.distribution.collective_timeout,
       config.distribution.init_timeout,
       peer_messages=cluster.peer_messages(),
       name_stuck=cluster.stuck_peers_line) as watch:
-    evaluator = evaluate.Evaluator(strategy, task, model, metrics, dataset,
-                                   num_examples, setup.global_batch, watch)
+    evaluator = evaluate.Evaluator(strategy, task, model, metrics, built,
+                                   watch)
     with ema_lib.swapped(averages):
       results = evaluator.evaluate()
     cluster.stop_watchdog()

@@ -14,6 +14,7 @@ from typing import Callable, ContextManager, Dict, Optional, Sequence
 from absl import logging
 import tensorflow as tf
 
+from engine.core import inputs
 from engine.core.hooks import Hook, every
 from engine.core.step import batch_size, forward_sums
 from engine.distribute import hang
@@ -75,35 +76,35 @@ def make_eval_loop(strategy: tf.distribute.Strategy, eval_step, width: int,
 class Evaluator:
   """Evaluates a model over one finite data set, as often as asked.
 
-  Every worker reads the same global batches (DATA sharding) unless the
-  task's data set says FILE. With DATA one iterator over the data repeated
-  serves every pass, each exactly ceil(examples / global batch) batches:
-  making a distributed iterator costs about 80 ms and 4.5 KB that are never
-  given back (measured: +11 MB over 2,500 passes), which a long run with
-  frequent evaluations would pay each time. With FILE the workers' shares
-  differ in size, so each pass takes a new iterator and reads to the end.
+  Each worker builds its own replicas' rows of the global batches and
+  decodes only those (engine/core/inputs.py's `EvalData`, the split training
+  uses). With DATA sharding (every worker reads the same global batches) one
+  iterator over the passes repeated serves every pass, each exactly
+  ceil(examples / global batch) batches: making a distributed iterator costs
+  about 80 ms and 4.5 KB that are never given back (measured: +11 MB over
+  2,500 passes), which a long run with frequent evaluations would pay each
+  time. With FILE (the task's data set says each worker reads its own
+  files) the workers' shares differ in size, so each pass takes a new
+  iterator and reads to the end.
   """
 
   def __init__(self, strategy, task: Task, model, metrics,
-               dataset: tf.data.Dataset, num_examples: int,
-               global_batch: int, watch=hang.unbounded):
+               data: inputs.EvalData, watch=hang.unbounded):
     self.names = ("loss", "examples") + tuple(name for name, _ in metrics)
     step = make_replica_eval_step(task, model, metrics)
-    policy = dataset.options().experimental_distribute.auto_shard_policy
-    self._until_end = policy == tf.data.experimental.AutoShardPolicy.FILE
+    self._until_end = data.until_end
     self._loop = make_eval_loop(strategy, step, len(self.names),
                                 self._until_end)
     if self._until_end:
-      self._dataset = strategy.experimental_distribute_dataset(dataset)
+      self._dataset = data.distribute(strategy, repeat=False)
       self._iterator = None
       # An upper bound only; the pass ends when the data do. Each step uses
       # at least one real example somewhere, so n + 1 steps see the end.
-      self._batches = tf.constant(num_examples + 1, tf.int32)
+      self._batches = tf.constant(data.num_examples + 1, tf.int32)
     else:
-      self._iterator = iter(strategy.experimental_distribute_dataset(
-          dataset.repeat()))
-      self._batches = tf.constant(-(-num_examples // global_batch), tf.int32)
-    self.num_examples = num_examples
+      self._iterator = iter(data.distribute(strategy, repeat=True))
+      self._batches = tf.constant(data.steps_per_pass, tf.int32)
+    self.num_examples = data.num_examples
     self._watch = watch  # engine/distribute/hang.py's bound for a pass
 
   def evaluate(self) -> Dict[str, float]:

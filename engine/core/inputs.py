@@ -11,18 +11,22 @@ one another without end. The order is therefore a pure function of
 skips what is left, reading at most one epoch again, and gives exactly the
 batches an uninterrupted run would have seen.
 
-Evaluation: one pass in the task's order, batched the same way, with a
-partial last batch so that every example counts once.
+Evaluation (`EvalData`): one pass in the task's order, batched the same
+way, with a partial last batch so that every example counts once.
 
-Training batches are split across the replicas of all workers exactly as
-`strategy.experimental_distribute_dataset` splits them (DATA sharding: every
-worker reads the same global batches and keeps its rows), but the task's
-`preprocess_batch` runs after the split, on each replica's rows only
-(`worker_batches`): the examples stay cheap (indices, paths, encoded bytes)
-until then, so a worker decodes 1/N of the images, not all of them. The
-batches, and the results, do not depend on the number of replicas or workers.
+Both are split across the replicas of all workers exactly as
+`strategy.experimental_distribute_dataset` splits them (`_worker_pieces`;
+DATA sharding: every worker reads the same global batches and keeps its
+rows), but the task's `preprocess_batch` runs after the split, on each
+replica's rows only (`worker_batches`): the examples stay cheap (indices,
+paths, encoded bytes) until then, so a worker decodes 1/N of the images, not
+all of them, in training and in evaluation alike. The batches, and the
+results, do not depend on the number of replicas or workers. An evaluation
+set the task marks FILE (each worker reads its own files) goes through the
+same split; the worker then keeps every row of its own files.
 """
 import re
+from typing import Optional
 
 from absl import logging
 import numpy as np
@@ -139,28 +143,13 @@ class TrainData:
     `experimental_distribute_dataset` would give this worker's replicas,
     partial batches included), then `preprocess_batch` on those rows only.
     """
-    workers = context.num_input_pipelines
-    replicas = context.num_replicas_in_sync
     # Numbered before the split: each row carries the step that trains it
     # and its position in the global batch, for `augment_batch`.
     ds = self.global_items(start_step).enumerate(start=start_step).map(
         _numbered)
-    ds = _with_options(ds, _DATA)
-    if replicas > 1:
-      per_worker = replicas // workers
-      if self._data.drop_remainder:
-        # Static batches: tf.distribute rebatches by sizes for this worker.
-        sizes = tf_split.batch_sizes_for_worker(
-            self._global_batch, workers, per_worker, context.input_pipeline_id)
-        ds = ds.rebatch(sizes)
-      else:
-        # A batch size tf.distribute cannot read off the graph (partial
-        # batches): it splits each batch in `replicas` near-equal pieces.
-        ds = tf_split._LegacyRebatchDataset(ds, replicas)  # pylint: disable=protected-access
-      ds = ds.prefetch(per_worker)
-    if workers > 1:
-      ds = input_ops.auto_shard_dataset(ds, workers, context.input_pipeline_id,
-                                        replicas)
+    ds = _worker_pieces(
+        _with_options(ds, _DATA), context,
+        self._global_batch if self._data.drop_remainder else None)
     task = self._task
     ds = ds.map(lambda batch, rows: prepare_rows(task, *batch, training=True,
                                                  rows=rows),
@@ -188,25 +177,104 @@ class TrainData:
     return self.batches().element_spec[0]
 
 
-def eval_inputs(task: Task, context: tf.distribute.InputContext,
-                global_batch: int):
-  """(one pass of global batches, number of examples), or None.
+class EvalData:
+  """The task's evaluation examples: one pass, split per worker as training's.
 
-  A data set the task gives an auto-shard policy (e.g. FILE, each worker
-  reading its own files) keeps it: an evaluation sums over every example,
-  however they are split.
+  `worker_batches` is what each worker runs: the global batches of the cheap
+  examples, split by `_worker_pieces`, then `preprocess_batch` on this
+  worker's pieces only. A data set the task gives an auto-shard policy (e.g.
+  FILE, each worker reading its own files) keeps it: an evaluation sums
+  over every example, however they are split.
+
+  Raises:
+    ConfigError: the task's examples are not (features, labels) pairs.
   """
+
+  def __init__(self, task: Task, examples: tf.data.Dataset,
+               global_batch: int):
+    check_examples(task, "eval", examples)
+    self._task = task
+    self._examples = examples
+    self._global_batch = global_batch
+    self.num_examples = count_examples(task, "eval", examples)
+    policy = examples.options().experimental_distribute.auto_shard_policy
+    auto = tf.data.experimental.AutoShardPolicy.AUTO
+    self.policy = _DATA if policy == auto else policy
+    # FILE: the workers' shares differ in size, so a pass reads to the end
+    # (engine/core/evaluate.py); DATA: every worker takes this many steps.
+    self.until_end = self.policy == tf.data.experimental.AutoShardPolicy.FILE
+    self.steps_per_pass = -(-self.num_examples // global_batch)
+
+  def worker_batches(self, context: tf.distribute.InputContext,
+                     repeat: bool = False) -> tf.data.Dataset:
+    """This worker's per-replica batches of one pass (`repeat`: of passes
+    without end), in replica order, preprocessed."""
+    ds = self._examples.batch(self._global_batch)
+    if repeat:
+      ds = ds.repeat()
+    # Partial batches (the last one): never a static batch size.
+    ds = _worker_pieces(_with_options(ds, self.policy), context, None)
+    task = self._task
+    ds = ds.map(lambda f, l: prepare_rows(task, f, l, training=False),
+                num_parallel_calls=tf.data.AUTOTUNE)
+    ds = _finish(ds, self.policy)
+    return _endless(ds) if repeat else ds
+
+  def batches(self) -> tf.data.Dataset:
+    """Whole global batches of one pass, preprocessed: one replica's."""
+    return self.worker_batches(tf.distribute.InputContext())
+
+  def distribute(self, strategy: tf.distribute.Strategy, repeat: bool):
+    """The distributed data set: each worker builds its own rows."""
+    return strategy.distribute_datasets_from_function(
+        lambda context: self.worker_batches(context, repeat))
+
+  @property
+  def element_spec(self):
+    """(features, labels) of a preprocessed batch."""
+    return self.batches().element_spec
+
+
+def eval_inputs(task: Task, context: tf.distribute.InputContext,
+                global_batch: int) -> Optional[EvalData]:
+  """The task's evaluation data (`EvalData`), or None when it has none."""
   examples = task.build_inputs("eval", context)
   if examples is None:
     return None
-  check_examples(task, "eval", examples)
-  n = count_examples(task, "eval", examples)
-  policy = examples.options().experimental_distribute.auto_shard_policy
-  ds = examples.batch(global_batch).map(
-      lambda f, l: prepare_rows(task, f, l, training=False),
-      num_parallel_calls=tf.data.AUTOTUNE)
-  return _finish(ds, policy if policy != tf.data.experimental
-                 .AutoShardPolicy.AUTO else _DATA), n
+  return EvalData(task, examples, global_batch)
+
+
+def _worker_pieces(ds: tf.data.Dataset, context: tf.distribute.InputContext,
+                   static_batch: Optional[int]) -> tf.data.Dataset:
+  """This worker's per-replica pieces of global batches, in replica order.
+
+  What `strategy.experimental_distribute_dataset` runs to split a data set
+  among replicas and workers, called the same way (training and evaluation
+  both), so the split stays exactly TensorFlow's; `ds` carries its
+  auto-shard policy in its options.
+
+  Args:
+    static_batch: the global batch size when every batch has it (training
+      with --drop_remainder), else None (partial batches).
+  """
+  workers = context.num_input_pipelines
+  replicas = context.num_replicas_in_sync
+  if replicas > 1:
+    per_worker = replicas // workers
+    if static_batch:
+      # Static batches: tf.distribute rebatches by sizes for this worker.
+      sizes = tf_split.batch_sizes_for_worker(
+          static_batch, workers, per_worker, context.input_pipeline_id)
+      ds = ds.rebatch(sizes)
+    else:
+      # A batch size tf.distribute cannot read off the graph (partial
+      # batches): it splits each batch in `replicas` near-equal pieces.
+      ds = tf_split._LegacyRebatchDataset(ds, replicas)  # pylint: disable=protected-access
+    ds = ds.prefetch(per_worker)
+  if workers > 1:
+    ds = input_ops.auto_shard_dataset(ds, workers, context.input_pipeline_id,
+                                      replicas)
+  return ds
 
 
 def _numbered(step, batch):
@@ -276,7 +344,7 @@ def _with_options(ds: tf.data.Dataset, policy) -> tf.data.Dataset:
 
 
 def _endless(ds: tf.data.Dataset) -> tf.data.Dataset:
-  """States what the training pipeline is: endless.
+  """States what the pipeline is (training, or evaluation's passes): endless.
 
   tf.distribute reads it from the cardinality. For a data set that might end,
   its distributed iterator asks every step whether each worker still has

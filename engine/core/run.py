@@ -398,13 +398,11 @@ def _eval_hook(task, config, setup, state, watch, on_result):
       raise flag_error(*needs[0], f"task {task.name} has no evaluation data "
                        "(build_inputs('eval') returned None).")
     return evaluate.EvalHook(None, 0, state.total_steps, keys=keys)
-  dataset, num_examples = built
-  logging.info("Evaluating on %d examples every %s.", num_examples,
+  logging.info("Evaluating on %d examples every %s.", built.num_examples,
                f"{every} steps" if every else
                f"epoch ({state.data.steps_per_epoch} steps)")
   evaluator = evaluate.Evaluator(setup.strategy, task, state.model,
-                                 state.metrics, dataset, num_examples,
-                                 setup.global_batch, watch)
+                                 state.metrics, built, watch)
   return evaluate.EvalHook(evaluator, every or state.data.steps_per_epoch,
                            state.total_steps, on_result, keys=keys,
                            weights=lambda: ema_lib.swapped(state.ema))
