@@ -48,6 +48,23 @@ def images(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tfds_dir(images, tmp_path_factory):
+  """The clean folder as tfds data set ant_bee_cat, 4 files of 9 examples."""
+  data_dir = str(tmp_path_factory.mktemp("tfds"))
+  export.write(f"folder:{images[0]}", "ant_bee_cat", data_dir, num_shards=4)
+  return data_dir
+
+
+def _sources(clean, data_dir):
+  """The three kinds of data set, each 36 examples (folder: all of them)."""
+  return {
+      "synthetic": dict(dataset="synthetic", synthetic_examples=36),
+      "folder": dict(dataset=f"folder:{clean}"),
+      "tfds": dict(dataset="ant_bee_cat", data_dir=data_dir),
+  }
+
+
+@pytest.fixture(scope="session")
 def big_folder(tmp_path_factory):
   """20,000 tiny JPEGs in 4 classes, written fast: one encoded image, copied."""
   root = tmp_path_factory.mktemp("big")
@@ -119,24 +136,49 @@ def _counts(j, workers):
   return per_worker
 
 
-def test_each_worker_decodes_its_share_for_every_source(images, tmp_path):
-  clean, _ = images
-  export.write(f"folder:{clean}", "ant_bee_cat", str(tmp_path / "tfds"),
-               num_shards=4)
-  sources = {
-      "synthetic": dict(dataset="synthetic"),
-      "folder": dict(dataset=f"folder:{clean}"),
-      "tfds": dict(dataset="ant_bee_cat", data_dir=str(tmp_path / "tfds")),
-  }
+def test_each_worker_decodes_its_share_for_every_source(images, tfds_dir):
   decode.counter.enabled = True
   try:
-    for name, kw in sources.items():
+    for name, kw in _sources(images[0], tfds_dir).items():
       j = tiny_config(batch_size_per_replica=GLOBAL_BATCH, shuffle_buffer=0,
                       **kw)
       for workers in (1, 2, 4):
         # (decoded, rows got) per worker per step: both the global batch / N.
         assert _counts(j, workers) == [(GLOBAL_BATCH / workers,) * 2] * (
             workers), (name, workers)
+  finally:
+    decode.counter.enabled = False
+
+
+def _eval_counts(j, workers):
+  """(images decoded, rows got, reads to the end) of each worker's own
+  pipeline over one evaluation pass."""
+  per_worker = []
+  for w in range(workers):
+    context = tf.distribute.InputContext(workers, w, workers)
+    data = inputs.eval_inputs(j.task(), context, GLOBAL_BATCH)
+    decode.counter.reset()
+    rows = sum(len(labels) for _, labels in data.worker_batches(context))
+    per_worker.append((sum(decode.counter.counts.values()), rows,
+                       data.until_end))
+  return per_worker
+
+
+def test_each_worker_decodes_its_share_of_the_evaluation(images, tfds_dir):
+  # 36 examples in global batches of 8: 8, 8, 8, 8 and a partial 4. A worker
+  # used to decode every image of every batch and keep its rows only.
+  decode.counter.enabled = True
+  try:
+    for name, kw in _sources(images[0], tfds_dir).items():
+      j = tiny_config(batch_size_per_replica=GLOBAL_BATCH, eval_split="train",
+                      **kw)
+      for workers in (1, 2, 4):
+        # tfds in 4 files: FILE sharding on 2 and 4 workers (each reads its
+        # own files to the end), the same share.
+        file_sharded = name == "tfds" and workers > 1
+        assert _eval_counts(j, workers) == [(36 // workers, 36 // workers,
+                                             file_sharded)] * workers, (
+                                                 name, workers)
   finally:
     decode.counter.enabled = False
 
@@ -265,3 +307,77 @@ def test_two_workers_skip_the_same_images_and_match_one_replica(images,
   got = np.load(tmp_path / "mw" / "w.npz")
   for k, want in enumerate(ref.weights):
     np.testing.assert_allclose(got[f"arr_{k}"], want, rtol=1e-5, atol=1e-6)
+
+
+def test_evaluation_is_the_same_on_one_replica_two_replicas_and_two_workers(
+    images, tmp_path):
+  # Evaluation of one checkpoint on the folder with BAD planted: 35 of 38
+  # images decode, in global batches of 8, 8, 8, 8 and a partial 6 (3 and 3
+  # rows on 2 replicas or workers, two of worker 1's dropped as undecodable).
+  _, bad = images
+  good = len(folder.list_images(f"folder:{bad}").paths) - len(BAD)
+  run_job(_job(bad, tmp_path / "train", train_steps=2))
+  ckpt = str(tmp_path / "train" / "checkpoints")
+  ev = dict(mode="eval", checkpoint=ckpt, eval_split="train")
+  one = run_job(_job(bad, tmp_path / "one", **ev)).summary
+  two = run_job(_job(bad, tmp_path / "two", strategy="mirrored",
+                     cpu_devices=2, batch_size_per_replica=GLOBAL_BATCH // 2,
+                     **ev)).summary
+  out = mw.launch([
+      f"--dataset=folder:{bad}", "--model=small_cnn", "--image_size=32",
+      f"--batch_size_per_replica={GLOBAL_BATCH // 2}", "--mode=eval",
+      f"--checkpoint={ckpt}", "--eval_split=train", "--noexport",
+      f"--model_dir={tmp_path / 'mw'}"])
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  workers = json.loads((tmp_path / "mw" / "summary.json").read_text())
+  assert (two["num_replicas"], workers["num_workers"]) == (2, 2)
+  for s in (one, two, workers):
+    assert (s["global_step"], s["eval_examples"]) == (2, good)
+  for key in ("eval_loss", "eval_accuracy"):
+    np.testing.assert_allclose([two[key], workers[key]], [one[key]] * 2,
+                               rtol=1e-6, err_msg=key)
+  assert 0.0 < one["eval_loss"] < 10.0
+
+
+def test_strict_images_on_two_workers_ends_both_bounded(images, tmp_path):
+  # ant's 12th image corrupt: example 33, in the last batch (32..35, split 2
+  # and 2), so worker 0 meets it at step 5, after checkpoints at 2 and 4.
+  clean, _ = images
+  root = tmp_path / "f"
+  shutil.copytree(clean, root)
+  corrupt = sorted((root / "ant").iterdir())[11]
+  corrupt.write_bytes(b"\xff\xd8 not really an image")
+  model_dir = tmp_path / "m"
+  hosts = ",".join(f"127.0.0.1:{p}" for p in mw.free_ports(2))
+  logs = [tmp_path / f"w{i}.log" for i in range(2)]
+  procs = []
+  try:
+    for i in range(2):
+      procs.append(mw._start(engine_cmd(  # pylint: disable=protected-access
+          "--strategy=multi_worker", f"--worker_hosts={hosts}",
+          f"--task_index={i}", f"--dataset=folder:{root}", "--model=small_cnn",
+          "--image_size=32", f"--batch_size_per_replica={GLOBAL_BATCH // 2}",
+          "--epochs=1", "--strict_images", "--shuffle_buffer=0",
+          "--steps_per_loop=2", "--checkpoint_every=2", "--noexport",
+          "--collective_timeout=30", f"--model_dir={model_dir}"),
+          open(logs[i], "w")))
+    start = time.monotonic()
+    codes = [p.wait(120) for p in procs]
+    assert time.monotonic() - start < 120
+  finally:
+    mw._kill(procs)  # pylint: disable=protected-access
+  texts = [log.read_text() for log in logs]
+  errors = [[l for l in t.splitlines() if l.startswith("error:")]
+            for t in texts]
+  assert codes[0] == 2, texts[0][-3000:]
+  assert errors[0] == [f"error: --strict_images: cannot decode {corrupt}; "
+                       "fix or remove it (the latest checkpoint is intact)."]
+  # The peer, waiting for worker 0 in step 5's all-reduce, names it lost.
+  assert codes[1] == 3, texts[1][-3000:]
+  assert len(errors[1]) == 1 and errors[1][0].startswith(
+      "error: lost task worker:0 "), errors[1]
+  assert not any("Traceback" in t for t in texts)
+  latest = tf.train.latest_checkpoint(str(model_dir / "checkpoints"))
+  assert latest.endswith("ckpt-4")
+  assert tf.train.load_variable(
+      latest, "optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE") == 4
