@@ -6,6 +6,10 @@ returns the sums of its per-example values and its example count; one
 `strategy.reduce(SUM)` per batch adds them over all replicas and workers, and
 the means divide by the global count of real examples, so a partial last
 batch, or a replica with no examples, weighs exactly as on one device.
+
+Each worker decodes only its own replicas' rows of every global batch, as in
+training (engine/core/inputs.py's `EvalData`): N workers each decode 1/N of
+the evaluation images, with the one-replica results.
 """
 import contextlib
 import math
