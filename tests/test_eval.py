@@ -7,8 +7,10 @@ import tensorflow as tf
 
 import models
 from conftest import eval_batches, read_scalars, run_job, tiny_config
-from engine.core import evaluate
+from engine.core import evaluate, inputs
+from engine.distribute import devices
 from engine.errors import ConfigError
+from engine.task import metric_fns
 
 # 37 examples in batches of 8 or 9: the last eval batch is partial, and with
 # 3 replicas a batch of 1 leaves two replicas without examples.
@@ -48,6 +50,27 @@ def test_eval_metrics_equal_keras_evaluate(tmp_path, strategy, replicas):
   np.testing.assert_allclose(s["eval_accuracy"], accuracy, atol=1e-5)
   # Not trivially equal: trained weights differ from a fresh model's.
   assert 0.0 < s["eval_loss"] < 10.0
+
+
+def test_passes_reuse_one_iterator_and_agree():
+  # A new distributed iterator per pass leaked memory: every pass reads on
+  # from the one iterator over the passes repeated, each exactly 5 batches
+  # (the last partial, 5 rows as 3 and 2 on 2 replicas), so it stays aligned.
+  config = tiny_config(strategy="mirrored", cpu_devices=2,
+                       batch_size_per_replica=4, synthetic_examples=EXAMPLES,
+                       eval_split="train")
+  strategy = devices.make_strategy(config.config.distribution)
+  task = config.task()
+  data = inputs.eval_inputs(task, inputs.input_context(strategy), 8)
+  with strategy.scope():
+    model = task.build_model()
+  evaluator = evaluate.Evaluator(strategy, task, model, metric_fns(task), data)
+  iterator = evaluator._iterator  # pylint: disable=protected-access
+  results = [evaluator.evaluate() for _ in range(3)]
+  assert evaluator._iterator is iterator  # pylint: disable=protected-access
+  assert evaluator.traces == 1
+  assert results[0]["eval_examples"] == EXAMPLES
+  assert results[1] == results[0] and results[2] == results[0]
 
 
 class CountingEvaluator:
