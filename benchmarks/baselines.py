@@ -4,8 +4,8 @@
     benchmarks/.orbit_venv/bin/python benchmarks/baselines.py --variant=orbit
 
 Plain TensorFlow and Keras only: run as a script (not `-m benchmarks...`),
-so neither the engine nor its process defaults (TF_ENABLE_ONEDNN_OPTS, the
-malloc tuning) are loaded; each baseline gets TensorFlow's own defaults.
+so neither the engine nor its process settings (the malloc tuning) are
+loaded; each baseline gets TensorFlow's own defaults.
 Same model, batch, optimizer and strategy as the engine's variant:
 MobileNetV2 (random init, logits), Adam 1e-3, synthetic images in memory.
 Prints one line `RESULT {"variant": ..., "rate": examples/s}`.

@@ -12,8 +12,8 @@ Variants, each in its own fresh process, rounds alternating the order:
            started with benchmarks/.orbit_venv's python (skipped, and said
            so, when that venv is absent).
 The baselines run as plain scripts with the environment this command was
-started with, minus what importing the engine set (TF_ENABLE_ONEDNN_OPTS),
-and without the engine's malloc tuning: TensorFlow's defaults, as their
+started with (importing the engine sets no variable), and without the
+engine's malloc tuning: TensorFlow's defaults, as their
 users have them. Same model (MobileNetV2, random init), batch, Adam and
 strategy for all; images in memory for the baselines, the engine's synthetic
 data set for the engine. Prints every rate, the medians and the ratios
@@ -126,11 +126,9 @@ def _commands():
   """{variant: Command}: the engine here, the baselines as plain scripts."""
   shared = [f"--{n}={FLAGS[n].value}" for n in _SHARED]
   pin = ["taskset", "-c", FLAGS.cpus] if FLAGS.cpus else []
-  # The environment the user started us with: importing the engine set
-  # variables (engine._SET_AT_IMPORT) that a Keras or Orbit user lacks; the
-  # engine's child sets its own defaults again when it imports the engine.
-  engine_set = engine._SET_AT_IMPORT  # pylint: disable=protected-access
-  user_env = {k: v for k, v in os.environ.items() if k not in engine_set}
+  # The environment the user started us with (importing the engine sets
+  # none; its malloc tuning is made by the engine's run, not inherited).
+  user_env = dict(os.environ)
   script = os.path.join(HERE, "baselines.py")
   profile = [f"--profile_dir={FLAGS.profile_dir}/orbit"] if (
       FLAGS.profile_dir) else []
@@ -199,12 +197,11 @@ def parent():
 def main(argv):
   del argv
   if FLAGS.variant:
-    # As the command line does, before TensorFlow is imported: oneDNN on for
-    # one replica (engine/onednn.py).
+    # As the command line does, before TensorFlow is imported
+    # (engine/onednn.py).
     from engine import onednn  # pylint: disable=g-import-not-at-top
     from engine.tasks import image_classification as ic  # pylint: disable=g-import-not-at-top
-    onednn.prefer_for(ic.configs(**_fields())[0].distribution,
-                      bool(engine._SET_AT_IMPORT))  # pylint: disable=protected-access
+    onednn.turn_off_for(ic.configs(**_fields())[0])
     from engine.distribute import devices  # pylint: disable=g-import-not-at-top
     devices.configure_host(FLAGS.cpu_devices if FLAGS.strategy == "mirrored"
                            else 0)

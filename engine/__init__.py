@@ -16,22 +16,15 @@ or, as a command line with the engine's flags next to your own:
     if __name__ == "__main__":
       engine.cli.run(lambda config: task)
 
-Importing the engine defines no absl flag and runs no TensorFlow op. It sets
-one process default first: `TF_ENABLE_ONEDNN_OPTS` to 0 unless you set it
-(TensorFlow reads it once, at its import; engine/onednn.py). TF 2.21 turns
-its oneDNN rewrites on by default on CPUs with AVX-512; there, Conv2D on an
-empty batch returns the wrong shape, which a replica's share of a partial
-batch can be (docs/design.md, "oneDNN"). Set the variable yourself (to 1)
-to have TF's choice back.
+Importing the engine defines no absl flag, runs no TensorFlow op and sets no
+environment variable: TensorFlow's oneDNN rewrites stay as TensorFlow sets
+them (on by default on x86 CPUs; engine/onednn.py says where the engine
+needs them off).
 """
 import sys
 
-from engine import onednn as _onednn
-
-# What this import set (the user had not): benchmarks give their baselines
-# the user's environment without it; the run log and summary.json say it.
+# Whether TensorFlow was imported first: the run log and summary.json say so.
 _TENSORFLOW_FIRST = "tensorflow" in sys.modules
-_SET_AT_IMPORT = _onednn.set_process_default()
 
 # The public API, imported on first use (PEP 562), so that `import engine`
 # and the launcher (`python -m engine.launch`) do not load TensorFlow.

@@ -315,11 +315,10 @@ def main(make_task: MakeTask, argv, *, callbacks=()) -> None:
     config = config_from_flags()
   except ConfigError as e:
     fail(str(e), EXIT_BAD_INPUT)
-  # Before TensorFlow reads it: oneDNN back on where no replica can get an
-  # empty batch (engine/onednn.py).
-  import engine  # pylint: disable=g-import-not-at-top
+  # Before TensorFlow reads it: oneDNN off for the one combination it
+  # computes wrong (engine/onednn.py).
   from engine import onednn  # pylint: disable=g-import-not-at-top
-  onednn.prefer_for(config.distribution, bool(engine._SET_AT_IMPORT))  # pylint: disable=protected-access
+  onednn.turn_off_for(config)
   # Imported only now: a bad flag is refused without loading TensorFlow, and
   # the engine's environment defaults (engine/__init__.py) are already set.
   import tensorflow as tf  # pylint: disable=g-import-not-at-top

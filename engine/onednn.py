@@ -1,17 +1,20 @@
-"""oneDNN: the engine's process default, and what a run got.
+"""oneDNN: on wherever the engine computes correctly with it, and what a run got.
 
-TF 2.21 turns its oneDNN rewrites on by default on CPUs with AVX-512, and
-reads `TF_ENABLE_ONEDNN_OPTS` once, when TensorFlow is imported. With them
-on, Conv2D on an empty batch returns a tensor of its input's shape instead
-of its output's (tests/onednn_repro.py, plain TensorFlow): in tf.distribute
-a replica whose share of a partial batch is empty then fails ("input depth
-must be evenly divisible by filter depth: 3 vs 16") or computes on the wrong
-shape. No narrower switch exists in TF 2.21: the fault is in the oneDNN
-convolution kernel itself (turning grappler's remapper off leaves it), and
-TF offers no per-op oneDNN switch. So `import engine` sets the variable to
-0 unless the user set it, and a command line (engine/cli.py) whose run has
-one replica on one worker -- no replica can get an empty batch there -- turns
-it back to 1 before TensorFlow is imported (docs/design.md, "oneDNN").
+TF 2.21 turns its oneDNN rewrites on by default on x86 CPUs and reads
+`TF_ENABLE_ONEDNN_OPTS` once, when TensorFlow is imported. With them on,
+Conv2D on an empty batch returns a tensor of its input's shape instead of
+its output's (tests/onednn_repro.py, plain TensorFlow). In tf.distribute a
+replica's share of a partial batch can be empty. The engine never runs a
+model on an empty batch: an empty replica skips the forward and backward
+pass in training and evaluation (engine/core/step.py, evaluate.py), and with
+--sync_batchnorm, where it must join the BatchNorm all-reduces, runs on one
+padded row that the fused BatchNorm leaves out of the moments. So oneDNN
+stays on (TensorFlow's default) for every run but one combination: Keras's
+own synchronized BatchNorm (--sync_batchnorm --nofused_batchnorm) on
+several CPU replicas, which counts rows itself and so must see the empty
+batch. For it the command line sets the variable to 0 before TensorFlow is
+imported; `engine.run`, called after TensorFlow is imported, refuses it
+with one line instead (docs/design.md, "oneDNN").
 
 Importing this module loads no TensorFlow.
 """
@@ -21,20 +24,11 @@ import sys
 from engine.errors import ConfigError
 
 ENV = "TF_ENABLE_ONEDNN_OPTS"
-ENGINE_DEFAULT = "0"
-WHY_OFF = ("Conv2D on an empty per-replica batch returns the wrong shape "
-           "with oneDNN on (tests/onednn_repro.py)")
+WHY_OFF = ("Keras's synchronized BatchNorm (--sync_batchnorm "
+           "--nofused_batchnorm) on several replicas must run Conv2D on empty "
+           "batches, which oneDNN computes wrong (tests/onednn_repro.py)")
 
-
-def set_process_default() -> tuple:
-  """Sets ENV to ENGINE_DEFAULT unless already set; returns what it set."""
-  if ENV in os.environ:
-    return ()
-  os.environ[ENV] = ENGINE_DEFAULT
-  return (ENV,)
-
-
-_ON_FOR_ONE_REPLICA = []  # [True] once prefer_for turned oneDNN on
+_TURNED_OFF = []  # [True] once turn_off_for turned oneDNN off
 
 
 def one_replica(distribution) -> bool:
@@ -46,58 +40,68 @@ def one_replica(distribution) -> bool:
       distribution.cpu_devices == 1 or len(distribution.devices) == 1)
 
 
-def prefer_for(distribution, set_by_engine: bool) -> bool:
-  """Turns oneDNN on for a run with one replica, if the engine chose 0.
+def faulty(config) -> bool:
+  """Whether a Config's run could run Conv2D on an empty batch (WHY_OFF),
+  by its flags alone."""
+  return (config.distribution.sync_batchnorm and
+          not config.optimization.fused_batchnorm and
+          not one_replica(config.distribution))
 
-  Only while TensorFlow is not imported (it reads ENV once) and only where
-  the engine, not the user, set ENV. Returns whether it turned it on.
+
+def turn_off_for(config) -> bool:
+  """Sets ENV to 0 for a run that `faulty` names, before TensorFlow reads it.
+
+  Only while TensorFlow is not imported and only where the user did not set
+  ENV. Returns whether it turned oneDNN off.
   """
-  if (not set_by_engine or "tensorflow" in sys.modules or
-      not one_replica(distribution)):
+  if ENV in os.environ or "tensorflow" in sys.modules or not faulty(config):
     return False
-  os.environ[ENV] = "1"
-  _ON_FOR_ONE_REPLICA.append(True)
+  os.environ[ENV] = "0"
+  _TURNED_OFF.append(True)
   return True
 
 
-def check_replicas(replicas: int) -> None:
-  """Refuses a run that prefer_for judged one replica but that has more (a
-  task's make_task changed the strategy after TensorFlow was imported).
+def active() -> bool:
+  """TensorFlow's own answer: are its oneDNN rewrites on in this process?"""
+  from tensorflow.python.util import _pywrap_util_port as port  # pylint: disable=g-import-not-at-top
+  return bool(port.IsMklEnabled())
+
+
+def check(config, replica_devices) -> None:
+  """Refuses the one combination oneDNN computes wrong, once it is on.
+
+  Args:
+    config: the run's Config.
+    replica_devices: this worker's replica devices (strings); the fault is
+      in the CPU kernel, so GPU replicas are fine.
 
   Raises:
-    ConfigError: oneDNN is on by prefer_for and `replicas` > 1.
+    ConfigError: oneDNN is on and the run is `faulty` on CPU replicas.
   """
-  if _ON_FOR_ONE_REPLICA and replicas > 1:
+  cpu = any("CPU" in d.upper() for d in replica_devices)
+  if cpu and faulty(config) and active():
     raise ConfigError(
-        f"oneDNN was turned on for one replica (the flags' strategy) but the "
-        f"run has {replicas}, where it computes empty batches wrong; set "
-        f"{ENV}=0 or change the strategy by flag, not in make_task.")
+        f"--sync_batchnorm with --nofused_batchnorm on several CPU replicas "
+        f"needs oneDNN off ({WHY_OFF}); drop --nofused_batchnorm, or set "
+        f"{ENV}=0 before TensorFlow is imported (the command line does).")
 
 
-def state(set_by_engine: bool, tensorflow_first: bool) -> dict:
+def state(tensorflow_first: bool) -> dict:
   """What this process runs with, for the log and summary.json.
 
   Args:
-    set_by_engine: whether `import engine` set ENV (engine._SET_AT_IMPORT).
-    tensorflow_first: whether TensorFlow was imported before the engine,
-      so that it read ENV before the engine could set it.
+    tensorflow_first: whether TensorFlow was imported before the engine.
 
   Returns:
     {"onednn": bool, TensorFlow's own answer; "onednn_source": who chose}.
   """
-  from tensorflow.python.util import _pywrap_util_port as port  # pylint: disable=g-import-not-at-top
-  on = bool(port.IsMklEnabled())
   value = os.environ.get(ENV)
-  if tensorflow_first and set_by_engine:
-    source = ("TensorFlow's default (TensorFlow was imported before the "
-              "engine; import engine first)")
-  elif set_by_engine and _ON_FOR_ONE_REPLICA:
-    source = (f"engine ({ENV}={value}: one replica on one worker, so no "
-              "replica gets an empty batch)")
-  elif set_by_engine:
-    source = f"engine default ({ENV}={value}: {WHY_OFF})"
+  if _TURNED_OFF:
+    source = f"engine ({ENV}={value}: {WHY_OFF})"
   elif value is not None:
     source = f"user ({ENV}={value})"
+  elif tensorflow_first:
+    source = "TensorFlow's default (TensorFlow was imported before the engine)"
   else:
     source = "TensorFlow's default"
-  return {"onednn": on, "onednn_source": source}
+  return {"onednn": active(), "onednn_source": source}

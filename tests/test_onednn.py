@@ -1,17 +1,32 @@
-"""The engine's oneDNN default against tests/onednn_repro.py (plain TF)."""
+"""oneDNN stays on: the engine never runs a model on an empty batch.
+
+tests/onednn_repro.py shows TensorFlow's fault in plain TensorFlow (Conv2D
+on an empty batch returns its input's shape with oneDNN on). The tests here
+run with TensorFlow's default (oneDNN on on x86) and give replicas empty
+shares of partial batches: training and evaluation still equal one device.
+"""
 import json
 import os
 import subprocess
 import sys
 
+import keras
+import numpy as np
 import pytest
+import tensorflow as tf
+
+import engine
 
 from conftest import ROOT, engine_cmd, run_job, tiny_config
-from engine import Config, onednn
+from engine import Config, ConfigError, onednn
 
 REPRO = os.path.join(ROOT, "tests", "onednn_repro.py")
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT)
-ENV.pop(onednn.ENV, None)  # the engine's choice, as for a user
+ENV.pop(onednn.ENV, None)  # TensorFlow's default, as for a user
+
+
+def max_diff(a, b):
+  return max(float(np.abs(x - y).max()) for x, y in zip(a, b))
 
 
 def _start(argv, **env):
@@ -19,47 +34,121 @@ def _start(argv, **env):
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def test_engine_defaults_avoid_the_empty_batch_conv_fault(tmp_path):
-  # The TensorFlow processes at once: each spends most of its time importing.
-  default = _start([sys.executable, REPRO],
-                   **{onednn.ENV: onednn.ENGINE_DEFAULT})
+def test_the_fault_is_tensorflows_and_the_command_line_avoids_it(tmp_path):
+  # The processes at once: each spends most of its time importing.
+  off = _start([sys.executable, REPRO], **{onednn.ENV: "0"})
   on = _start([sys.executable, REPRO], **{onednn.ENV: "1"})
-  one = _start(engine_cmd(
-      "--model=small_cnn", "--image_size=32", "--synthetic_examples=64",
-      "--batch_size_per_replica=8", "--train_steps=2", "--noexport",
-      "--strategy=one_device", f"--model_dir={tmp_path / 'one'}"))
-  out, err = default.communicate(timeout=180)
-  assert default.returncode == 0, out + err[-2000:]
+  keras_sync = _start(engine_cmd(
+      "--model=mobilenet_v2", "--image_size=32", "--synthetic_examples=64",
+      "--batch_size_per_replica=4", "--train_steps=1", "--noexport",
+      "--cpu_devices=2", "--sync_batchnorm", "--nofused_batchnorm",
+      f"--model_dir={tmp_path / 'keras_sync'}"))
+  out, err = off.communicate(timeout=180)
+  assert off.returncode == 0, out + err[-2000:]
   assert json.loads(out)["empty_conv_shape"] == [0, 16, 16, 16]
   out, err = on.communicate(timeout=180)
   faulty = json.loads(out)
   if faulty["onednn_active"]:
-    # If this fails, this TensorFlow computes empty-batch convolutions
-    # right with oneDNN on: turn it back on (engine/onednn.py, the docs).
+    # If this fails, this TensorFlow computes empty-batch convolutions right
+    # with oneDNN on: engine/onednn.py's one exception can go.
     assert on.returncode == 1 and faulty["empty_conv_shape"] == [0, 32, 32, 3]
-  # Several replicas (in this process, engine imported first): off.
-  summary = run_job(tiny_config(cpu_devices=2,
-                                model_dir=str(tmp_path / "two"))).summary
+  # Keras's synchronized BatchNorm on 2 replicas: the command line turned
+  # oneDNN off before TensorFlow read the variable, and says so.
+  out, err = keras_sync.communicate(timeout=300)
+  assert keras_sync.returncode == 0, err[-2000:]
+  summary = json.loads((tmp_path / "keras_sync" / "summary.json").read_text())
   assert summary["onednn"] is False
-  # "engine default": a plain pytest run. Under pytest-xdist the workers
-  # inherit the variable that the controller's engine import set, which
-  # then reads as the user's.
-  assert summary["onednn_source"].startswith(
-      ("engine default", f"user ({onednn.ENV}=0)"))
-  # One replica from the command line: back on, and said so.
-  out, err = one.communicate(timeout=180)
-  assert one.returncode == 0, err[-2000:]
-  summary = json.loads((tmp_path / "one" / "summary.json").read_text())
-  assert summary["onednn"] is faulty["onednn_active"], summary
-  assert summary["onednn_source"].startswith("engine (")
-  assert "oneDNN on: engine (" in err or not faulty["onednn_active"]
+  assert summary["onednn_source"].startswith(f"engine ({onednn.ENV}=0: ")
+  assert "oneDNN off: engine (" in err
 
 
-@pytest.mark.parametrize("fields,one", [
-    (dict(strategy="one_device"), True), (dict(cpu_devices=1), True),
-    (dict(cpu_devices=2), False), (dict(), False),
-    (dict(devices=["/cpu:0"]), True)])
-def test_one_replica_by_flags(fields, one):
-  assert onednn.one_replica(Config.create(**fields).distribution) is one
+def _conv_bn_task():
+  """Two convolutions, each with BatchNormalization; 9 images of 8x8."""
+  rng = np.random.default_rng(0)
+  images = rng.normal(size=(9, 8, 8, 3)).astype(np.float32)
+  labels = rng.integers(0, 3, size=9).astype(np.int32)
+
+  def model():
+    x = inputs = keras.Input((8, 8, 3))
+    for filters in (4, 8):
+      x = keras.layers.Conv2D(filters, 3, padding="same", use_bias=False)(x)
+      x = keras.layers.ReLU()(keras.layers.BatchNormalization()(x))
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    return keras.Model(inputs, keras.layers.Dense(3)(x))
+
+  return engine.Task(
+      model=model, name="conv_bn",
+      inputs=lambda split, context: tf.data.Dataset.from_tensor_slices(
+          (images, labels)),
+      loss=lambda y, logits: keras.losses.sparse_categorical_crossentropy(
+          y, logits, from_logits=True))
+
+
+@pytest.mark.parametrize("sync", [False, True])
+def test_empty_replicas_train_and_evaluate_as_one_device(tmp_path, sync):
+  # 4 replicas of 2 rows against one device of 8: the second batch holds
+  # one example, so three replicas get none, in training and in evaluation.
+  base = dict(epochs=1, steps_per_loop=1, log_every=1, eval_every=1,
+              optimizer="sgd", learning_rate=0.1, shuffle_buffer=0,
+              sync_batchnorm=sync, export=False)
+  one = engine.run(_conv_bn_task(), Config.create(
+      strategy="one_device", batch_size_per_replica=8,
+      model_dir=str(tmp_path / "one"), **base))
+  four = engine.run(_conv_bn_task(), Config.create(
+      cpu_devices=4, batch_size_per_replica=2,
+      model_dir=str(tmp_path / "four"), **base))
+  # TensorFlow's default here: on on x86 (the fault's condition), and said.
+  assert four.summary["onednn"] is onednn.active()
+  assert four.summary["onednn_source"].startswith(("TensorFlow's default",
+                                                   "user ("))
+  assert len(four.losses) == 2
+  # Every replica's moving statistics stay finite (an empty batch's moments
+  # are NaN), so the evaluation, where each replica uses its own, is too.
+  assert np.isfinite(four.summary["eval_loss"])
+  if sync:  # global moments: the same computation as one device
+    np.testing.assert_allclose(four.losses, one.losses, rtol=1e-5)
+    assert max_diff(four.weights, one.weights) < 1e-5
+    np.testing.assert_allclose(four.summary["eval_loss"],
+                               one.summary["eval_loss"], rtol=1e-5)
+
+
+def test_empty_replicas_without_batchnorm_match_one_device(tmp_path):
+  kw = dict(synthetic_examples=9, epochs=1, train_steps=0, steps_per_loop=1,
+            log_every=1, eval_every=1, eval_split="train", optimizer="sgd",
+            learning_rate=0.05, shuffle_buffer=0)
+  one = run_job(tiny_config(strategy="one_device", batch_size_per_replica=8,
+                            model_dir=str(tmp_path / "one"), **kw))
+  four = run_job(tiny_config(cpu_devices=4, batch_size_per_replica=2,
+                             model_dir=str(tmp_path / "four"), **kw))
+  np.testing.assert_allclose(four.losses, one.losses, rtol=1e-5)
+  assert max_diff(four.weights, one.weights) < 1e-5
+  np.testing.assert_allclose(four.summary["eval_loss"],
+                             one.summary["eval_loss"], rtol=1e-5)
+
+
+def test_keras_sync_batchnorm_on_cpu_replicas_is_refused_with_onednn_on(
+    tmp_path):
+  config = tiny_config(model="mobilenet_v2", cpu_devices=2,
+                       sync_batchnorm=True, fused_batchnorm=False,
+                       model_dir=str(tmp_path / "m"))
+  if not onednn.active():
+    pytest.skip("oneDNN is off in this process: nothing to refuse")
+  with pytest.raises(ConfigError, match="^--sync_batchnorm with "
+                     "--nofused_batchnorm on several CPU replicas"):
+    run_job(config)
+  assert not os.listdir(tmp_path / "m") if os.path.exists(
+      tmp_path / "m") else True
+
+
+@pytest.mark.parametrize("fields,faulty", [
+    (dict(sync_batchnorm=True, fused_batchnorm=False, cpu_devices=2), True),
+    (dict(sync_batchnorm=True, fused_batchnorm=False,
+          strategy="multi_worker"), True),
+    (dict(sync_batchnorm=True, fused_batchnorm=False,
+          strategy="one_device"), False),
+    (dict(sync_batchnorm=True, cpu_devices=2), False),
+    (dict(cpu_devices=4), False), (dict(), False)])
+def test_faulty_by_flags(fields, faulty):
+  assert onednn.faulty(Config.create(**fields)) is faulty
   # Never once TensorFlow is imported (this process): too late to matter.
-  assert not onednn.prefer_for(Config.create(**fields).distribution, True)
+  assert not onednn.turn_off_for(Config.create(**fields))

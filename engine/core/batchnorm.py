@@ -12,13 +12,36 @@ The replacement is per layer (`layer.call`), after the model is built: no
 Keras code is copied, the layer's class, config and saved file are unchanged,
 and users' models get it exactly as the built-in ones do.
 """
+import contextlib
 import functools
+import threading
 
 import keras
 import tensorflow as tf
 
 # FusedBatchNormV3's data formats, by the channel axis of a 4-D input.
 _FORMATS = {3: "NHWC", -1: "NHWC", 1: "NCHW"}
+# Per thread: MirroredStrategy traces each replica's step in a thread of its
+# own. `present` is set by `padding` while a padded batch is traced.
+_TRACING = threading.local()
+
+
+@contextlib.contextmanager
+def padding(present: tf.Tensor):
+  """While tracing a model call on a batch the step padded with one row.
+
+  Args:
+    present: float32 scalar, 1.0 if the replica's rows are real, 0.0 if its
+      batch was empty and the model sees one row of zeros instead
+      (engine/core/step.py, `_padded_call`). Synchronized layers then add
+      nothing to the global moments, as an empty batch would.
+  """
+  previous = getattr(_TRACING, "present", None)
+  _TRACING.present = present
+  try:
+    yield
+  finally:
+    _TRACING.present = previous
 
 
 def configure(model: keras.Model, synchronized: bool, fused: bool) -> int:
@@ -88,6 +111,9 @@ def _synchronized(layer, inputs, context):
   local = tf.concat([tf.reduce_sum(x, axis=axes),
                      tf.reduce_sum(tf.square(x), axis=axes),
                      count[None]], axis=0)
+  present = getattr(_TRACING, "present", None)
+  if present is not None:  # a padded empty batch adds nothing (`padding`)
+    local = local * present
   # One packed all-reduce per layer (its gradient is one more in the
   # backward pass); Keras's _compute_moments_sync makes three.
   total = context.all_reduce(tf.distribute.ReduceOp.SUM, local)

@@ -28,11 +28,21 @@ _SUM = tf.distribute.ReduceOp.SUM
 
 
 def make_replica_eval_step(task: Task, model, metrics) -> Callable:
-  """(features, labels) -> [loss sum, count, metric sums...] of a replica."""
+  """(features, labels) -> [loss sum, count, metric sums...] of a replica.
+
+  A replica with no examples (its share of a partial batch, or a worker
+  whose FILE-sharded data ran out) runs no model and adds zeros: oneDNN's
+  Conv2D computes empty batches wrong (docs/design.md, "oneDNN"). Inference
+  has no collective in the model, so skipping it is safe on every strategy.
+  """
   def eval_step(features, labels):
-    sums = forward_sums(task, model, metrics, features, labels,
-                        training=False)
-    count = tf.cast(batch_size(features, labels), tf.float32)
+    rows = batch_size(features, labels)
+    sums = tf.cond(
+        rows > 0,
+        lambda: forward_sums(task, model, metrics, features, labels,
+                             training=False),
+        lambda: tf.zeros([1 + len(metrics)], tf.float32))
+    count = tf.cast(rows, tf.float32)
     return tf.concat([sums[:1], [count], sums[1:]], axis=0)
   return eval_step
 

@@ -224,8 +224,7 @@ def _set_up(config: Config) -> _Setup:
   if chief and config.reporting.export and config.reporting.export_dir:
     check_model_dir(config.reporting.export_dir, "export_dir")
   replicas = strategy.num_replicas_in_sync
-  onednn.check_replicas(replicas * getattr(strategy.extended, "_num_workers",
-                                           1))
+  onednn.check(config, strategy.extended.worker_devices)
   # One optimizer update takes --grad_accum_steps micro-batches per replica.
   global_batch = (config.data.batch_size_per_replica *
                   config.optimization.grad_accum_steps * replicas)
@@ -322,7 +321,7 @@ def build_model(task: Task, config: Config) -> keras.Model:
 def _onednn_state() -> dict:
   """{"onednn": on?, "onednn_source": who chose} (engine/onednn.py)."""
   import engine  # pylint: disable=g-import-not-at-top,protected-access
-  return onednn.state(bool(engine._SET_AT_IMPORT), engine._TENSORFLOW_FIRST)
+  return onednn.state(engine._TENSORFLOW_FIRST)
 
 
 @contextlib.contextmanager

@@ -17,6 +17,7 @@ import keras
 import tensorflow as tf
 
 from engine.config import DistributionConfig, OptimizationConfig
+from engine.core import batchnorm
 from engine.core.checks import checked_loss, checked_metric
 from engine.core.optimizers import uses_loss_scaling
 from engine.distribute.devices import communication_options
@@ -43,7 +44,7 @@ def batch_size(features, labels) -> tf.Tensor:
 
 
 def forward_sums(task: Task, model, metrics, features, labels,
-                 training: bool) -> tf.Tensor:
+                 training: bool, pad_empty: bool = False) -> tf.Tensor:
   """[loss sum, metric sums...] of one (micro-)batch: the step's objective.
 
   The loss sum is the task's per-example losses summed, plus the model's
@@ -54,18 +55,44 @@ def forward_sums(task: Task, model, metrics, features, labels,
   weight penalties are the same on every replica and sum back to n times
   themselves; Keras's activity penalties are means over the replica's
   examples, so n times each is their share of the global mean.
+
+  `pad_empty`: the model never sees an empty batch (`_padded_call`).
   """
-  outputs = model(features, training=training)
+  count_rows = batch_size(features, labels)
+  if pad_empty:
+    outputs = _padded_call(model, features, count_rows, training)
+  else:
+    outputs = model(features, training=training)
   # float32 for the loss and metrics, also under a mixed precision policy.
   outputs = tf.nest.map_structure(
       lambda t: tf.cast(t, tf.float32) if t.dtype.is_floating else t, outputs)
-  count = tf.cast(batch_size(features, labels), tf.float32)
+  count = tf.cast(count_rows, tf.float32)
   loss_sum = tf.reduce_sum(checked_loss(task, labels, outputs))
   if model.losses:
     loss_sum += count * tf.cast(tf.add_n(model.losses), tf.float32)
   metric_sums = [tf.reduce_sum(checked_metric(task, name, fn, labels, outputs))
                  for name, fn in metrics]
   return tf.stack([loss_sum] + metric_sums)
+
+
+def _padded_call(model, features, count, training):
+  """The model's outputs for `count` rows, run on at least one row.
+
+  For synchronized BatchNorm (fused path), where a replica with no examples
+  cannot skip the model: it must join every layer's all-reduce. It runs on
+  one row of zeros instead, which its BatchNorm layers leave out of the
+  global moments (`batchnorm.padding`), and whose outputs are cut off
+  before the loss: the results are those of the empty batch, and no
+  convolution ever runs on an empty batch (oneDNN's Conv2D computes those
+  wrong; docs/design.md, "oneDNN").
+  """
+  pad = tf.cast(tf.equal(count, 0), tf.int32)
+  padded = tf.nest.map_structure(
+      lambda t: tf.pad(t, [[0, pad]] + [[0, 0]] * (t.shape.rank - 1)),
+      features)
+  with batchnorm.padding(tf.cast(count > 0, tf.float32)):
+    outputs = model(padded, training=training)
+  return tf.nest.map_structure(lambda t: t[:count], outputs)
 
 
 def check_forward(task: Task, model, metrics, element_spec) -> None:
@@ -127,6 +154,10 @@ def make_replica_step(task: Task, model, optimizer, metrics, *,
   wire_dtype = WIRE_DTYPES[distribution.grad_compression]
   accum = optimization.grad_accum_steps
   clip = optimization.clip_global_norm
+  # Synchronized BatchNorm: an empty replica runs the model on a padded row
+  # (the fused path masks it out); Keras's own layer (--nofused_batchnorm)
+  # counts rows itself, so it gets the empty batch (engine/onednn.py).
+  pad_empty = distribution.sync_batchnorm and optimization.fused_batchnorm
 
   def replica_step(features, labels):
     ctx = tf.distribute.get_replica_context()
@@ -139,7 +170,8 @@ def make_replica_step(task: Task, model, optimizer, metrics, *,
     rate = tf.where(tf.equal(ctx.replica_id_in_sync_group, 0),
                     tf.cast(optimizer.learning_rate, tf.float32), 0.0)
     forward_backward = _forward_backward_fn(
-        task, model, variables, metrics, optimization.jit_compile)
+        task, model, variables, metrics, optimization.jit_compile,
+        pad_empty)
     local_count = tf.cast(batch_size(features, labels), tf.float32)
     # With compression the count needs an all-reduce of its own (see
     # _mean_gradients). It depends only on the batch's shape, so it is issued
@@ -214,7 +246,7 @@ def _clip(grads, norm, limit):
 
 
 def _forward_backward_fn(task: Task, model, variables, metrics,
-                         jit_compile: bool) -> Callable:
+                         jit_compile: bool, pad_empty: bool) -> Callable:
   """Gradients of one (micro-)batch's summed loss times the loss scale.
 
   With `--jit_compile` this part, not the whole step, is compiled by XLA:
@@ -224,14 +256,17 @@ def _forward_backward_fn(task: Task, model, variables, metrics,
 
   Returns:
     forward_backward(features, labels, scale) -> (gradients, sums), sums
-    being [loss sum, metric sums...] (see `forward_sums`).
+    being [loss sum, metric sums...] (see `forward_sums`); a variable the
+    loss does not reach gets a zero gradient.
   """
   def forward_backward(features, labels, scale):
     with tf.GradientTape() as tape:
       sums = forward_sums(task, model, metrics, features, labels,
-                          training=True)
+                          training=True, pad_empty=pad_empty)
       scaled = sums[0] * scale  # 1.0 unless float16 loss scaling
-    return tape.gradient(scaled, variables), sums
+    return tape.gradient(scaled, variables,
+                         unconnected_gradients=tf.UnconnectedGradients.ZERO
+                         ), sums
 
   if jit_compile:
     return tf.function(forward_backward, jit_compile=True)
@@ -240,31 +275,41 @@ def _forward_backward_fn(task: Task, model, variables, metrics,
 
 def _accumulate(forward_backward, variables, features, labels, scale,
                 k: int, micro: int, sync_batchnorm: bool, num_metrics: int):
-  """Sums gradients and the row's sums over the K micro-batches."""
-  if k == 1:
-    return forward_backward(features, labels, scale)
+  """Sums gradients and the row's sums over the K micro-batches.
 
-  def one(i, totals):
+  A replica's empty (micro-)batch -- its share of a partial batch, or rows
+  its task could not read -- computes nothing and adds zeros: an empty
+  batch would give NaN BatchNorm moments on that replica, and oneDNN's
+  Conv2D returns the wrong shape for it (docs/design.md, "oneDNN"). With
+  --sync_batchnorm every replica must join the BatchNorm all-reduces, so
+  there the model runs (on a padded row, `forward_sums`).
+  """
+  zeros = ([tf.zeros_like(v) for v in variables],
+           tf.zeros([1 + num_metrics], tf.float32))
+
+  def one(part):
+    if sync_batchnorm:
+      return forward_backward(*part, scale)
+    return tf.cond(batch_size(*part) > 0,
+                   lambda: forward_backward(*part, scale), lambda: zeros)
+
+  if k == 1:
+    return one((features, labels))
+
+  def add(i, totals):
     part = tf.nest.map_structure(lambda t: t[i * micro:(i + 1) * micro],
                                  (features, labels))
-    if sync_batchnorm:  # every replica must join the BN all-reduces
-      out = forward_backward(*part, scale)
-    else:  # an empty micro-batch (partial batch) would give NaN BN moments
-      out = tf.cond(batch_size(*part) > 0,
-                    lambda: forward_backward(*part, scale),
-                    lambda: tf.nest.map_structure(tf.zeros_like, totals))
-    return tf.nest.map_structure(tf.add, totals, out)
+    return tf.nest.map_structure(tf.add, totals, one(part))
 
-  totals = ([tf.zeros_like(v) for v in variables],
-            tf.zeros([1 + num_metrics], tf.float32))
   if sync_batchnorm:
     # Unrolled: a collective inside a while loop's body would need merge_call
     # in a nested graph, which tf.distribute does not support.
+    totals = zeros
     for i in range(k):
-      totals = one(i, totals)
+      totals = add(i, totals)
     return totals
-  return tf.while_loop(lambda i, _: i < k, lambda i, t: (i + 1, one(i, t)),
-                       (tf.constant(0), totals))[1]
+  return tf.while_loop(lambda i, _: i < k, lambda i, t: (i + 1, add(i, t)),
+                       (tf.constant(0), zeros))[1]
 
 
 def means(sums: tf.Tensor, names: Sequence[str]) -> tf.Tensor:
