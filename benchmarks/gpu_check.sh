@@ -4,8 +4,9 @@
 # steady-state examples_per_sec), then benchmarks.allreduce on the GPU(s).
 # Issue 20: the same runs have the fused BatchNorm (the default); b256 with
 # --nofused_batchnorm (Keras's own layer), with and without XLA, measures it;
-# b64 with TF_ENABLE_ONEDNN_OPTS=1 measures the engine's oneDNN default on a
-# GPU host (summary.json's onednn says which ran).
+# b64 with TF_ENABLE_ONEDNN_OPTS=0 measures the engine's oneDNN default (on,
+# TensorFlow's) against off on a GPU host (summary.json's onednn says which
+# ran).
 #
 #   bash benchmarks/gpu_check.sh [python] [out_dir]
 #
@@ -38,7 +39,7 @@ for xla in nojit_compile jit_compile; do
   B=256 run "b256_mixed_float16_${xla}_nofused" --mixed_precision=mixed_float16 \
     --$xla --nofused_batchnorm
 done
-B=64 TF_ENABLE_ONEDNN_OPTS=1 run "b64_none_nojit_compile_onednn" \
+B=64 TF_ENABLE_ONEDNN_OPTS=0 run "b64_none_nojit_compile_noonednn" \
   --mixed_precision=none --nojit_compile
 "$PY" - "$OUT" <<'PYEOF'
 import json, os, sys

@@ -290,8 +290,16 @@ def _accumulate(forward_backward, variables, features, labels, scale,
   def one(part):
     if sync_batchnorm:
       return forward_backward(*part, scale)
-    return tf.cond(batch_size(*part) > 0,
-                   lambda: forward_backward(*part, scale), lambda: zeros)
+    computed = []
+
+    def compute():
+      computed.append(forward_backward(*part, scale))
+      return computed[0]
+    # The untaken branch returns zeros of the computed branch's types (traced
+    # first): an embedding's gradient is IndexedSlices, kept sparse.
+    return tf.cond(batch_size(*part) > 0, compute, lambda: (
+        [_zeros_like(g, v) for g, v in zip(computed[0][0], variables)],
+        zeros[1]))
 
   if k == 1:
     return one((features, labels))
@@ -310,6 +318,18 @@ def _accumulate(forward_backward, variables, features, labels, scale,
     return totals
   return tf.while_loop(lambda i, _: i < k, lambda i, t: (i + 1, add(i, t)),
                        (tf.constant(0), zeros))[1]
+
+
+def _zeros_like(gradient, variable):
+  """A zero gradient of `gradient`'s type for `variable`: an empty
+  IndexedSlices for IndexedSlices, else a tensor."""
+  if isinstance(gradient, tf.IndexedSlices):
+    values = gradient.values
+    return tf.IndexedSlices(
+        tf.zeros([0] + values.shape[1:].as_list(), values.dtype),
+        tf.zeros([0], gradient.indices.dtype),
+        tf.constant(list(variable.shape), gradient.dense_shape.dtype))
+  return tf.zeros(variable.shape, gradient.dtype)
 
 
 def means(sums: tf.Tensor, names: Sequence[str]) -> tf.Tensor:
