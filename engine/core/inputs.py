@@ -24,6 +24,12 @@ all of them, in training and in evaluation alike. The batches, and the
 results, do not depend on the number of replicas or workers. An evaluation
 set the task marks FILE (each worker reads its own files) goes through the
 same split; the worker then keeps every row of its own files.
+
+`--shard_files` (opt-in, engine/core/sharded_inputs.py) trades the exact
+order for reading: each worker reads only its own files of a training set
+the task marks FILE, in whole batches of global_batch / N rows, so the
+batches depend on the number of workers (resume stays exact for the same
+number).
 """
 import re
 from typing import Optional
