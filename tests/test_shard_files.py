@@ -100,6 +100,20 @@ def test_workers_read_disjoint_files_in_whole_batches(tfds_dir):  # pylint: disa
   assert not seen[0] & seen[1]  # no record on both workers
 
 
+def test_default_order_resumes_exactly_on_tfds(tfds_dir):  # pylint: disable=redefined-outer-name
+  # The tfds files keep one seeded order in every epoch: resuming at step 5
+  # (epoch 1) reads what the uninterrupted run reads. With tfds reshuffling
+  # its files each pass, all six batches differed.
+  j = tiny_config(dataset="ant_bee_cat", data_dir=tfds_dir,
+                  batch_size_per_replica=GLOBAL_BATCH)
+  data = inputs.TrainData(j.task(), tf.distribute.InputContext(),
+                          j.config.data, GLOBAL_BATCH, 7)
+
+  def items(ds):
+    return [b[0].numpy().tolist() for b in ds.take(6)]
+  assert items(data.global_items(5)) == items(data.global_items().skip(5))
+
+
 def test_not_file_sharded_is_one_error_line(tfds_dir, tmp_path):  # pylint: disable=redefined-outer-name
   j = tiny_config(shard_files=True)
   with pytest.raises(ConfigError) as e:
