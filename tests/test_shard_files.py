@@ -39,9 +39,10 @@ class _FirstSteps(inputs.TrainData):
 
 
 def _job(data_dir, **kw):
-  return tiny_config(dataset="ant_bee_cat", data_dir=data_dir,
-                     batch_size_per_replica=GLOBAL_BATCH, shard_files=True,
-                     **kw)
+  base = dict(dataset="ant_bee_cat", data_dir=data_dir,
+              batch_size_per_replica=GLOBAL_BATCH, shard_files=True)
+  base.update(kw)
+  return tiny_config(**base)
 
 
 def _reads(j, workers):
@@ -143,12 +144,20 @@ def test_not_file_sharded_is_one_error_line(tfds_dir, tmp_path):  # pylint: disa
 
 
 def test_one_worker_trains_whole_batches(tfds_dir, tmp_path):  # pylint: disable=redefined-outer-name
-  result = run_job(_job(tfds_dir, train_steps=0, epochs=2,
-                        model_dir=str(tmp_path / "m")))
+  one = run_job(_job(tfds_dir, train_steps=0, epochs=2,
+                     model_dir=str(tmp_path / "one")))
   # 36 // 8 = 4 whole batches an epoch; the 4 examples left never partial.
-  assert result.history["examples"].tolist() == [GLOBAL_BATCH] * 8
-  assert result.summary["global_step"] == 8
-  assert result.summary["skipped_images"] == 0
+  assert one.history["examples"].tolist() == [GLOBAL_BATCH] * 8
+  assert one.summary["global_step"] == 8
+  assert one.summary["skipped_images"] == 0
+  # The worker's batch split between 2 replicas (static sizes 4 and 4): the
+  # same batches, the same weights.
+  two = run_job(_job(tfds_dir, train_steps=0, epochs=2, strategy="mirrored",
+                     cpu_devices=2, batch_size_per_replica=GLOBAL_BATCH // 2,
+                     model_dir=str(tmp_path / "two")))
+  assert two.history["examples"].tolist() == [GLOBAL_BATCH] * 8
+  for k, w in enumerate(one.weights):
+    np.testing.assert_allclose(two.weights[k], w, rtol=1e-5, atol=1e-6)
 
 
 def _launch(data_dir, model_dir, steps):

@@ -155,21 +155,30 @@ class TrainData:
     tf.distribute's own rebatch and DATA shard (the rows
     `experimental_distribute_dataset` would give this worker's replicas,
     partial batches included), then `preprocess_batch` on those rows only.
+    With --shard_files: the worker's batches of its own files instead
+    (`worker_items`), split among its replicas.
     """
     if self._data.shard_files:
-      ds = self._sharded_pieces(context, start_step)
-    else:
-      # Numbered before the split: each row carries the step that trains it
-      # and its position in the global batch, for `augment_batch`.
-      ds = self.global_items(start_step).enumerate(start=start_step).map(
-          _numbered)
-      ds = _worker_pieces(
-          _with_options(ds, _DATA), context,
-          self._global_batch if self._data.drop_remainder else None)
+      return self._prepared(self._sharded_pieces(context, start_step))
+    return self._prepared(self._global_pieces(context, start_step))
+
+  def _global_pieces(self, context, start_step):
+    # Numbered before the split: each row carries the step that trains it
+    # and its position in the global batch, for `augment_batch`.
+    ds = self.global_items(start_step).enumerate(start=start_step).map(
+        _numbered)
+    return _worker_pieces(
+        _with_options(ds, _DATA), context,
+        self._global_batch if self._data.drop_remainder else None)
+
+  def _prepared(self, pieces):
+    """`prepare_rows` on each numbered piece; the tf.data options."""
     task = self._task
-    ds = ds.map(lambda batch, rows: prepare_rows(task, *batch, training=True,
-                                                 rows=rows),
-                num_parallel_calls=tf.data.AUTOTUNE)
+
+    def prepare(batch, rows):
+      return prepare_rows(task, *batch, training=True, rows=rows)
+
+    ds = pieces.map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
     return _endless(_finish(ds, _DATA))
 
   def worker_items(self, context: tf.distribute.InputContext,
@@ -213,8 +222,13 @@ class TrainData:
 
   @property
   def features_spec(self):
-    """The model's input spec: the features of a preprocessed batch."""
-    return self.batches().element_spec[0]
+    """The model's input spec: the features of a preprocessed batch.
+
+    Built from the global batches, lazily, in both modes: --shard_files
+    would count its records first, for the same features.
+    """
+    pieces = self._global_pieces(tf.distribute.InputContext(), 0)
+    return self._prepared(pieces).element_spec[0]
 
 
 class EvalData:
