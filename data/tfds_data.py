@@ -25,10 +25,10 @@ def _read(builder, config, split: str, flag: str, training: bool,
         # (data/decode.py), not every image of every batch.
         decoders={"image": tfds.decode.SkipDecoding()},
         # No assert_cardinality: the auto-shard rewrite cannot handle it and
-        # warns; the count comes from the metadata instead.
-        # The file order is a function of the seed only, the same in every
-        # epoch: a resumed run (whose first pass is any epoch) reads the
-        # files as the uninterrupted one did; the engine shuffles per epoch.
+        # warns; the count comes from the metadata instead. The file order
+        # is a function of the seed only, the same in every pass: a resumed
+        # run (whose first pass is a later epoch) reads the files as the
+        # uninterrupted one did; the engine shuffles per epoch.
         read_config=tfds.ReadConfig(shuffle_seed=seed,
                                     shuffle_reshuffle_each_iteration=False,
                                     assert_cardinality=False))
