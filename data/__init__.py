@@ -24,7 +24,8 @@ class Source:
   examples: tf.data.Dataset  # (index, path, bytes or image; label)
   num_examples: int
   class_names: Tuple[str, ...]
-  # FILE: the split's files can go round the workers (for evaluation).
+  # FILE: the split's files can go round the workers (for evaluation, and
+  # training under --shard_files).
   policy: tf.data.experimental.AutoShardPolicy
   # What `examples` hold before decoding: "synthetic" (indices), "files"
   # (paths), "bytes" (encoded images) or "images" (decoded: --cache).

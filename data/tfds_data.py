@@ -25,8 +25,12 @@ def _read(builder, config, split: str, flag: str, training: bool,
         # (data/decode.py), not every image of every batch.
         decoders={"image": tfds.decode.SkipDecoding()},
         # No assert_cardinality: the auto-shard rewrite cannot handle it and
-        # warns; the count comes from the metadata instead.
+        # warns; the count comes from the metadata instead. The file order
+        # is a function of the seed only, the same in every pass: a resumed
+        # run (whose first pass is a later epoch) reads the files as the
+        # uninterrupted one did; the engine shuffles per epoch.
         read_config=tfds.ReadConfig(shuffle_seed=seed,
+                                    shuffle_reshuffle_each_iteration=False,
                                     assert_cardinality=False))
   except (KeyError, ValueError, AssertionError) as e:
     raise flag_error(flag, split,
@@ -57,7 +61,7 @@ def _prepared(config):
   return builder
 
 
-def _policy(builder, split: str, num_workers: int):
+def _policy(builder, split: str, num_workers: int, training: bool = False):
   """FILE when every worker can get its own files, else DATA.
 
   FILE: each worker reads only its files, so no worker decodes images it then
@@ -65,13 +69,17 @@ def _policy(builder, split: str, num_workers: int):
   (training repeats endlessly, and the eval pass is built for it). DATA: every
   worker reads everything and keeps its slice of each global batch. Choosing
   explicitly means tf.data never falls back with an AutoShardPolicy warning.
+  A training split is FILE on one worker too: the engine reads it by files
+  only under --shard_files (engine/core/sharded_inputs.py), where one worker
+  reads them all; otherwise it sets DATA on its own global batches.
   """
   policy = tf.data.experimental.AutoShardPolicy
   try:
     files = len(builder.info.splits[split].file_instructions)
   except KeyError:  # no split metadata (e.g. under tfds.testing.mock_data)
     files = 0
-  return policy.FILE if 1 < num_workers <= files else policy.DATA
+  fewest = 1 if training else 2
+  return policy.FILE if fewest <= num_workers <= files else policy.DATA
 
 
 def source(config, split: str, flag: str, *, seed: int, training: bool,
@@ -91,4 +99,4 @@ def source(config, split: str, flag: str, *, seed: int, training: bool,
     count = builder.info.splits[split].num_examples
   ds = ds.map(lambda image, label: (image, tf.cast(label, tf.int32)))
   names = builder.info.features["label"].names
-  return ds, count, names, _policy(builder, split, num_workers)
+  return ds, count, names, _policy(builder, split, num_workers, training)

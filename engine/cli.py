@@ -81,6 +81,9 @@ HELP = {
     "shuffle_buffer": "Training examples shuffled per epoch (the seed uses "
                       "1024; 0: the task's order).",
     "drop_remainder": "Drop each epoch's partial last batch.",
+    "shard_files": "Each worker reads only its own files of a tfds training "
+                   "set (1/N of the reading); the global batches then depend "
+                   "on the number of workers. Whole batches only.",
     # Optimization.
     "optimizer": "Optimizer (Keras's, applying the engine's all-reduced "
                  "gradients).",

@@ -122,6 +122,9 @@ class DataConfig:
   batch_size_per_replica: int = 64
   shuffle_buffer: int = 1024  # training examples shuffled per epoch; 0: none
   drop_remainder: bool = False  # drop each epoch's partial last batch
+  # Each worker reads only its own files (engine/core/sharded_inputs.py):
+  # reading falls as 1/N, but the global batch depends on the worker count.
+  shard_files: bool = False
 
   def __post_init__(self):
     _positive(self, "batch_size_per_replica")

@@ -24,6 +24,12 @@ all of them, in training and in evaluation alike. The batches, and the
 results, do not depend on the number of replicas or workers. An evaluation
 set the task marks FILE (each worker reads its own files) goes through the
 same split; the worker then keeps every row of its own files.
+
+`--shard_files` (opt-in, engine/core/sharded_inputs.py) trades the exact
+order for reading: each worker reads only its own files of a training set
+the task marks FILE, in whole batches of global_batch / N rows, so the
+batches depend on the number of workers (resume stays exact for the same
+number).
 """
 import re
 from typing import Optional
@@ -37,6 +43,7 @@ from tensorflow.python.data.experimental.ops import distribute as tf_split  # py
 from tensorflow.python.distribute import input_ops  # pylint: disable=g-direct-tensorflow-import
 
 from engine.config import DataConfig
+from engine.core import sharded_inputs
 from engine.core.checks import check_examples
 from engine.errors import ConfigError, flag_error
 from engine.task import Task
@@ -105,8 +112,14 @@ class TrainData:
     self._global_batch = global_batch
     self._seed = seed
     self.num_examples = count_examples(task, "train", self._examples)
-    self.steps_per_epoch = steps_per_epoch(self.num_examples, global_batch,
-                                           data.drop_remainder)
+    if data.shard_files:
+      sharded_inputs.check_marked(task.name, self._examples,
+                                  context.num_input_pipelines)
+    # --shard_files: whole batches only (engine/core/sharded_inputs.py).
+    self.steps_per_epoch = steps_per_epoch(
+        self.num_examples, global_batch,
+        data.drop_remainder or data.shard_files)
+    self._worker_counts = {}  # --shard_files: examples per worker
     if self.num_examples < global_batch:
       raise flag_error(
           "batch_size_per_replica", data.batch_size_per_replica,
@@ -142,19 +155,53 @@ class TrainData:
     tf.distribute's own rebatch and DATA shard (the rows
     `experimental_distribute_dataset` would give this worker's replicas,
     partial batches included), then `preprocess_batch` on those rows only.
+    With --shard_files: the worker's batches of its own files instead
+    (`worker_items`), split among its replicas.
     """
+    if self._data.shard_files:
+      return self._prepared(self._sharded_pieces(context, start_step))
+    return self._prepared(self._global_pieces(context, start_step))
+
+  def _global_pieces(self, context, start_step):
     # Numbered before the split: each row carries the step that trains it
     # and its position in the global batch, for `augment_batch`.
     ds = self.global_items(start_step).enumerate(start=start_step).map(
         _numbered)
-    ds = _worker_pieces(
+    return _worker_pieces(
         _with_options(ds, _DATA), context,
         self._global_batch if self._data.drop_remainder else None)
+
+  def _prepared(self, pieces):
+    """`prepare_rows` on each numbered piece; the tf.data options."""
     task = self._task
-    ds = ds.map(lambda batch, rows: prepare_rows(task, *batch, training=True,
-                                                 rows=rows),
-                num_parallel_calls=tf.data.AUTOTUNE)
+
+    def prepare(batch, rows):
+      return prepare_rows(task, *batch, training=True, rows=rows)
+
+    ds = pieces.map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
     return _endless(_finish(ds, _DATA))
+
+  def worker_items(self, context: tf.distribute.InputContext,
+                   start_step: int = 0) -> tf.data.Dataset:
+    """--shard_files: this worker's numbered batches of its own files."""
+    key = (context.num_input_pipelines, context.input_pipeline_id)
+    own = sharded_inputs.own_examples(self._examples, context)
+    if key not in self._worker_counts:
+      self._worker_counts[key] = sharded_inputs.count(own)
+    return sharded_inputs.worker_items(
+        own, self._worker_counts[key], context=context,
+        global_batch=self._global_batch, seed=self._seed,
+        shuffle_buffer=self._data.shuffle_buffer, start_step=start_step)
+
+  def _sharded_pieces(self, context, start_step):
+    """--shard_files: the worker's batch split among its own replicas, as
+    `_worker_pieces` splits static batches."""
+    workers = context.num_input_pipelines
+    own = tf.distribute.InputContext(
+        1, 0, context.num_replicas_in_sync // workers)
+    return _worker_pieces(
+        _with_options(self.worker_items(context, start_step), _DATA), own,
+        self._global_batch // workers)
 
   def batches(self, start_step: int = 0) -> tf.data.Dataset:
     """Whole global batches, preprocessed: what one replica trains on."""
@@ -167,14 +214,21 @@ class TrainData:
 
   def expected_examples(self, first_step: int, steps: int) -> np.ndarray:
     """Examples the global batches of steps first_step+1.. hold, as made."""
+    if self._data.shard_files:  # whole batches only
+      return np.full(steps, self._global_batch)
     position = (first_step + np.arange(steps)) % self.steps_per_epoch
     left = self.num_examples - position * self._global_batch
     return np.minimum(left, self._global_batch)
 
   @property
   def features_spec(self):
-    """The model's input spec: the features of a preprocessed batch."""
-    return self.batches().element_spec[0]
+    """The model's input spec: the features of a preprocessed batch.
+
+    Built from the global batches, lazily, in both modes: --shard_files
+    would count its records first, for the same features.
+    """
+    pieces = self._global_pieces(tf.distribute.InputContext(), 0)
+    return self._prepared(pieces).element_spec[0]
 
 
 class EvalData:

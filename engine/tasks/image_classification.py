@@ -217,11 +217,11 @@ class ImageClassification(Task):
       self._patterns = tf.constant(synthetic.class_patterns(
           self.config.num_classes, self.config.image_size, self._seed))
     examples = found.examples
-    if split == "eval":  # FILE lets each worker read its own files
-      options = tf.data.Options()
-      options.experimental_distribute.auto_shard_policy = found.policy
-      examples = examples.with_options(options)
-    return examples
+    # FILE lets each worker read its own files: in evaluation, and in
+    # training under --shard_files (the engine sets DATA otherwise).
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = found.policy
+    return examples.with_options(options)
 
   def num_examples(self, split):
     found = self._source(split)
