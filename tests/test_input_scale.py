@@ -118,12 +118,14 @@ class _FirstSteps(inputs.TrainData):
     return super().global_items(start_step).take(self.steps)
 
 
-def _counts(j, workers):
-  """(images decoded, rows got) per step of each worker's own pipeline."""
+def read_workers(j, workers, data_class):
+  """Each worker's own training pipeline (`data_class`, a TrainData whose
+  pipelines end) read to its end: per worker, the decode counter's counts
+  and the rows it got."""
   per_worker = []
   for w in range(workers):
     context = tf.distribute.InputContext(workers, w, workers)
-    data = _FirstSteps(j.task(), context, j.config.data, GLOBAL_BATCH, 7)
+    data = data_class(j.task(), context, j.config.data, GLOBAL_BATCH, 7)
     decode.counter.reset()
     rows = 0
     try:
@@ -131,9 +133,15 @@ def _counts(j, workers):
         rows += len(labels)
     except tf.errors.OpError:  # the end of a pipeline asserted endless
       pass
-    per_worker.append((sum(decode.counter.counts.values()) / data.steps,
-                       rows / data.steps))
+    per_worker.append((dict(decode.counter.counts), rows))
   return per_worker
+
+
+def _counts(j, workers):
+  """(images decoded, rows got) per step of each worker's own pipeline."""
+  steps = _FirstSteps.steps
+  return [(sum(counts.values()) / steps, rows / steps)
+          for counts, rows in read_workers(j, workers, _FirstSteps)]
 
 
 def test_each_worker_decodes_its_share_for_every_source(images, tfds_dir):

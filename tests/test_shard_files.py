@@ -18,9 +18,9 @@ from engine.core import inputs
 from engine.errors import ConfigError
 # The 4-file tfds set and the clean folder it is made from.
 from test_input_scale import images, tfds_dir  # noqa: F401  pylint: disable=unused-import
+from test_input_scale import GLOBAL_BATCH, read_workers
 import test_multi_worker as mw
 
-GLOBAL_BATCH = 8
 STEPS = 3
 
 
@@ -47,22 +47,9 @@ def _job(data_dir, **kw):
 
 def _reads(j, workers):
   """(records read, images decoded, rows got) per step of each worker's own
-  pipeline, and the labels each worker got."""
-  per_worker = []
-  for w in range(workers):
-    context = tf.distribute.InputContext(workers, w, workers)
-    data = _FirstSteps(j.task(), context, j.config.data, GLOBAL_BATCH, 7)
-    decode.counter.reset()
-    rows = 0
-    try:
-      for _, labels in data.worker_batches(context):
-        rows += len(labels)
-    except tf.errors.OpError:  # the end of a pipeline asserted endless
-      pass
-    counts = decode.counter.counts
-    per_worker.append((counts["records"] / STEPS, counts["bytes"] / STEPS,
-                       rows / STEPS))
-  return per_worker
+  pipeline."""
+  return [(counts["records"] / STEPS, counts["bytes"] / STEPS, rows / STEPS)
+          for counts, rows in read_workers(j, workers, _FirstSteps)]
 
 
 def test_each_worker_reads_its_own_share_of_the_records(tfds_dir):  # pylint: disable=redefined-outer-name
