@@ -12,6 +12,8 @@ import time
 
 from absl import flags
 
+from benchmarks import engine_timer
+
 flags.DEFINE_integer("steps", 30, "Timed steps per variant.")
 flags.DEFINE_integer("warmup", 5, "Untimed steps first.")
 flags.DEFINE_integer("image_size", 64, "Image side.")
@@ -60,29 +62,7 @@ def _common(fields):
 
 def run_engine(fields):
   """Timed like the baselines: all steps after the warm-up, end to end."""
-  import engine  # pylint: disable=g-import-not-at-top
-  from engine.core import hooks  # pylint: disable=g-import-not-at-top
-  from engine.tasks import image_classification as ic  # pylint: disable=g-import-not-at-top
-
-  class Timer(hooks.Hook):
-    def __init__(self):
-      self.start, self.stop, self.examples = None, None, 0.0
-
-    def next_stop(self, step):
-      return FLAGS.warmup if step < FLAGS.warmup else super().next_stop(step)
-
-    def after_loop(self, step, rows, seconds):
-      if self.start is not None:
-        self.examples += float(rows["examples"].sum())
-        self.stop = time.perf_counter()
-      if step == FLAGS.warmup:
-        self.start = time.perf_counter()
-
-  timer = Timer()
-  config, image = ic.configs(**fields)
-  engine.run(ic.ImageClassification(image, seed=config.loop.seed), config,
-             hooks=[timer])
-  return timer.examples / (timer.stop - timer.start)
+  return engine_timer.engine_rate(fields, FLAGS.warmup, FLAGS.steps)
 
 
 def run_fit(fields):

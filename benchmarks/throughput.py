@@ -25,12 +25,11 @@ import json
 import os
 import sys
 import tempfile
-import time
 
 from absl import app
 from absl import flags
 
-import engine
+from benchmarks import engine_timer
 from benchmarks import variants as variants_lib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -93,33 +92,7 @@ def _fields():
 
 def run_engine(fields):
   """Timed like the baselines: all steps after the warm-up, end to end."""
-  import engine  # pylint: disable=g-import-not-at-top
-  from engine.core import hooks  # pylint: disable=g-import-not-at-top
-  from engine.tasks import image_classification as ic  # pylint: disable=g-import-not-at-top
-
-  class Timer(hooks.Hook):
-    def __init__(self):
-      self.start, self.stop, self.examples = None, None, 0.0
-
-    def next_stop(self, step):
-      for mark in (FLAGS.warmup, FLAGS.warmup + FLAGS.steps):
-        if step < mark:
-          return mark
-      return super().next_stop(step)
-
-    def after_loop(self, step, rows, seconds):
-      if self.start is not None and step <= FLAGS.warmup + FLAGS.steps:
-        self.examples += float(rows["examples"].sum())
-        self.stop = time.perf_counter()
-      if step == FLAGS.warmup:
-        self.start = time.perf_counter()
-
-  timer = Timer()
-  config, image = ic.configs(**fields)
-  engine.run(ic.ImageClassification(image, seed=config.loop.seed), config,
-             hooks=[timer])
-  return timer.examples / (timer.stop - timer.start)
-
+  return engine_timer.engine_rate(fields, FLAGS.warmup, FLAGS.steps)
 
 
 def _commands():

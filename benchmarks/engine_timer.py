@@ -1,0 +1,35 @@
+"""The engine's throughput as the benchmarks time it: `engine.run` with a
+hook that counts the examples of the steps after the warm-up, end to end
+(benchmarks.throughput, benchmarks.in_process). Defines no flags."""
+import time
+
+
+def engine_rate(fields: dict, warmup: int, steps: int) -> float:
+  """Examples/s of steps warmup+1 .. warmup+steps of the built-in job made
+  from `fields` (flag names); host calls stop at both marks."""
+  import engine  # pylint: disable=g-import-not-at-top
+  from engine.core import hooks  # pylint: disable=g-import-not-at-top
+  from engine.tasks import image_classification as ic  # pylint: disable=g-import-not-at-top
+
+  class Timer(hooks.Hook):
+    def __init__(self):
+      self.start, self.stop, self.examples = None, None, 0.0
+
+    def next_stop(self, step):
+      for mark in (warmup, warmup + steps):
+        if step < mark:
+          return mark
+      return super().next_stop(step)
+
+    def after_loop(self, step, rows, seconds):
+      if self.start is not None and step <= warmup + steps:
+        self.examples += float(rows["examples"].sum())
+        self.stop = time.perf_counter()
+      if step == warmup:
+        self.start = time.perf_counter()
+
+  timer = Timer()
+  config, image = ic.configs(**fields)
+  engine.run(ic.ImageClassification(image, seed=config.loop.seed), config,
+             hooks=[timer])
+  return timer.examples / (timer.stop - timer.start)
