@@ -2,10 +2,13 @@
 time: the engine (`engine.run` with a timing hook) and Keras `fit`, on the
 image task's data, with the flags they share.
 
-`python -m benchmarks.throughput` measures the engine against baselines each
-in a fresh process with their users' settings (benchmarks/baselines.py);
-these runners instead put the engine and `fit` side by side in one process,
-under one strategy, for the seed chapter's table and the summaries' cost.
+`run_fit` is a baseline: its callers run it in a process of its own that
+never ran the engine, and it applies none of the engine's process settings
+(the malloc tuning is process-wide and would stay once the engine set it),
+so `fit` runs with TensorFlow's and Keras's defaults, as its users run it.
+It reads the image task's batches (the same examples the engine trains on).
+`python -m benchmarks.throughput` measures the engine against its baselines
+(benchmarks/baselines.py) the same way, each in a fresh process.
 """
 import tempfile
 import time
@@ -41,13 +44,10 @@ def _common(fields):
   import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from engine.core import inputs  # pylint: disable=g-import-not-at-top
-  from engine.distribute import devices, memory  # pylint: disable=g-import-not-at-top
+  from engine.distribute import devices  # pylint: disable=g-import-not-at-top
   from engine.tasks import image_classification as ic  # pylint: disable=g-import-not-at-top
   config, image = ic.configs(**fields)
   strategy = devices.make_strategy(config.distribution)
-  # The engine's host-memory setting for the baselines too, so that the
-  # ratios measure the loops and not the allocator (README, Host memory).
-  memory.tune_malloc()
   global_batch = (config.data.batch_size_per_replica *
                   strategy.num_replicas_in_sync)
   task = ic.ImageClassification(image, seed=config.loop.seed)
@@ -67,7 +67,7 @@ def run_engine(fields):
 
 def run_fit(fields):
   """Keras `fit` under the same strategy and data; examples/s after the
-  warm-up."""
+  warm-up. Call it in a process that has not run the engine."""
   import keras  # pylint: disable=g-import-not-at-top
   strategy, model, optimizer, dataset, global_batch = _common(fields)
   with strategy.scope():

@@ -9,8 +9,10 @@ one device with batch 64; N devices with global batch 64; N devices with
 global batch 64 x N; then the same three for multi_worker through
 `engine.launch` (1 worker; N workers with global batch 64; N workers with
 64 each; one replica per worker). Every cell runs the engine and Keras `fit`
-(benchmarks/in_process.py's runner, under the same strategy), one after the
-other: the mirrored table in one child process, the multi_worker cells in
+(benchmarks/in_process.py's runner, under the same strategy), each in
+processes of its own, so that `fit` runs with its users' defaults and none
+of the engine's process settings: the mirrored table's engine cells in one
+child process and its `fit` cells in another, the multi_worker cells in
 their own worker processes. Seconds per epoch = examples per epoch / the
 steady-state rate (the first, tracing steps left out), measured over
 `--epochs` epochs or `--warmup` + `--steps` steps.
@@ -50,6 +52,8 @@ flags.DEFINE_integer("timeout", 3600, "Seconds one run may take.")
 # cluster flags).
 flags.DEFINE_string("fit_result", None, "Internal: run fit, write JSON here.")
 flags.DEFINE_string("cells", None, "Internal: run these mirrored cells.")
+flags.DEFINE_enum("runner", "engine", ["engine", "fit"],
+                  "Internal: what the --cells child runs.")
 flags.DEFINE_string("strategy", "multi_worker",
                     "Internal: set by engine.launch.")
 flags.DEFINE_integer("global_batch", SEED_BATCH, "Internal: the fit child's.")
@@ -158,25 +162,30 @@ def _as_flags(fields):
 
 
 def run_mirrored(cells, tmp):
-  """(engine, fit) examples/s per cell, all in one child process.
+  """(engine, fit) examples/s per cell: two child processes.
 
-  One process for the whole table: the logical devices are set up once, and
-  the engine (train.train, the code engine.main runs) and fit alternate on
-  them; a process per run would spend more time starting than the reduced
-  test spends training.
+  One process runs every cell's engine run (engine.run, the code
+  engine.main runs), another every cell's `fit`: the logical devices are
+  set up once per process, and `fit` never shares a process with the
+  engine's settings (a process per run would spend more time starting than
+  the reduced test spends training).
   """
   spec = os.path.join(tmp, "cells.json")
   with open(spec, "w") as f:
     json.dump(cells, f)
   cpus = max(c["fields"].get("cpu_devices", 0) for c in cells)
-  _run([sys.executable, "-m", "benchmarks.seed_table", f"--cells={spec}",
-        f"--cpu_devices={cpus}", f"--warmup={FLAGS.warmup}"])
-  with open(spec + ".out") as f:
-    return [tuple(r) for r in json.load(f)]
+  rates = {}
+  for runner in ("engine", "fit"):
+    _run([sys.executable, "-m", "benchmarks.seed_table", f"--cells={spec}",
+          f"--runner={runner}", f"--cpu_devices={cpus}",
+          f"--warmup={FLAGS.warmup}"])
+    with open(f"{spec}.{runner}") as f:
+      rates[runner] = json.load(f)
+  return list(zip(rates["engine"], rates["fit"]))
 
 
 def cells_child():
-  """Runs the --cells spec (engine, then fit, per cell) in this process."""
+  """Runs the --cells spec with --runner (engine or fit) in this process."""
   import engine  # pylint: disable=g-import-not-at-top
   from engine.distribute import devices  # pylint: disable=g-import-not-at-top
   from engine.tasks import image_classification as ic  # pylint: disable=g-import-not-at-top
@@ -188,13 +197,15 @@ def cells_child():
     fields = dict(cell["fields"])
     if "devices" in fields:
       fields["devices"] = tuple(fields["devices"])
-    config, image = ic.configs(**fields)
-    rate = engine.run(ic.ImageClassification(image, seed=config.loop.seed),
-                      config).summary["examples_per_sec"]
-    FLAGS.steps = cell["fit_steps"]  # run_fit times the steps after --warmup
-    fields["model_dir"] += "_fit"
-    results.append((rate, in_process.run_fit(fields)))
-  with open(FLAGS.cells + ".out", "w") as f:
+    if FLAGS.runner == "fit":
+      FLAGS.steps = cell["fit_steps"]  # run_fit times the steps after --warmup
+      results.append(in_process.run_fit(fields))
+    else:
+      config, image = ic.configs(**fields)
+      results.append(engine.run(
+          ic.ImageClassification(image, seed=config.loop.seed),
+          config).summary["examples_per_sec"])
+  with open(f"{FLAGS.cells}.{FLAGS.runner}", "w") as f:
     json.dump(results, f)
 
 
