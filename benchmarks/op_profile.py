@@ -9,11 +9,11 @@ difference B - A: where one step's time goes, and where two loops differ.
 Also the wall time of the traced host call (the event spanning the steps).
 """
 import collections
-import glob
-import os
 
 from absl import app
 from absl import flags
+
+from benchmarks import xplane_summary
 
 flags.DEFINE_integer("steps", 10, "Steps in each trace (the divisor).")
 flags.DEFINE_integer("top", 20, "Op types to print.")
@@ -22,28 +22,14 @@ FLAGS = flags.FLAGS
 
 def op_totals(directory: str):
   """({op type: ms}, longest top-level event ms) over every trace file."""
-  from tensorflow.tsl.profiler.protobuf import xplane_pb2  # pylint: disable=g-import-not-at-top
-  files = glob.glob(os.path.join(directory, "**", "*.xplane.pb"),
-                    recursive=True)
-  if not files:
-    raise SystemExit(f"error: no *.xplane.pb under {directory}")
   totals = collections.Counter()
   longest = 0.0
-  for path in files:
-    space = xplane_pb2.XSpace()
-    with open(path, "rb") as f:
-      space.ParseFromString(f.read())
-    for plane in space.planes:
-      names = {k: m.name for k, m in plane.event_metadata.items()}
-      for line in plane.lines:
-        for event in line.events:
-          name = names.get(event.metadata_id, "")
-          ms = event.duration_ps / 1e9
-          if name in ("train_loop", "loop_fn"):  # engine / Orbit host call
-            longest = max(longest, ms)
-          if ":" in name and "::" not in name and not name.startswith(
-              ("Eager", "Iterator")):
-            totals[name.rsplit(":", 1)[1]] += ms
+  for _, _, name, _, ms in xplane_summary.events(directory):
+    if name in ("train_loop", "loop_fn"):  # engine / Orbit host call
+      longest = max(longest, ms)
+    if ":" in name and "::" not in name and not name.startswith(
+        ("Eager", "Iterator")):
+      totals[name.rsplit(":", 1)[1]] += ms
   return totals, longest
 
 

@@ -4,23 +4,22 @@ Reads every `*.xplane.pb` under DIR (written by tf.profiler, e.g. by
 `benchmarks.allreduce --worker_mode --profile_dir=DIR`) and prints, per
 thread, its busy time, and overall the events with the largest total time.
 Only the protobuf TensorFlow ships is used; no TensorBoard plugin.
+`events(DIR)` is the reader the other trace tools share.
 """
 import collections
 import glob
 import os
 import sys
 
-from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
-
-def summarise(directory: str, top: int = 25) -> str:
+def events(directory: str):
+  """Yields (plane, thread, event name, start ms, duration ms) of every event
+  in every trace file under `directory`; start on the host's clock."""
+  from tensorflow.tsl.profiler.protobuf import xplane_pb2  # pylint: disable=g-import-not-at-top
   files = glob.glob(os.path.join(directory, "**", "*.xplane.pb"),
                     recursive=True)
   if not files:
     raise SystemExit(f"error: no *.xplane.pb under {directory}")
-  totals, counts = collections.Counter(), collections.Counter()
-  threads = collections.Counter()
-  lines = []
   for path in files:
     space = xplane_pb2.XSpace()
     with open(path, "rb") as f:
@@ -29,11 +28,19 @@ def summarise(directory: str, top: int = 25) -> str:
       names = {k: m.name for k, m in plane.event_metadata.items()}
       for line in plane.lines:
         for event in line.events:
-          name = names.get(event.metadata_id, "?")[:70]
-          totals[(plane.name, name)] += event.duration_ps / 1e9  # ms
-          counts[(plane.name, name)] += 1
-          threads[(plane.name, line.name)] += event.duration_ps / 1e9
-  lines.append("%-12s %8s  %s" % ("total ms", "count", "plane / event"))
+          yield (plane.name, line.name, names.get(event.metadata_id, "?"),
+                 line.timestamp_ns / 1e6 + event.offset_ps / 1e9,
+                 event.duration_ps / 1e9)
+
+
+def summarise(directory: str, top: int = 25) -> str:
+  totals, counts = collections.Counter(), collections.Counter()
+  threads = collections.Counter()
+  for plane, thread, name, _, ms in events(directory):
+    totals[(plane, name[:70])] += ms
+    counts[(plane, name[:70])] += 1
+    threads[(plane, thread)] += ms
+  lines = ["%-12s %8s  %s" % ("total ms", "count", "plane / event")]
   for key, ms in totals.most_common(top):
     lines.append("%12.1f %8d  %s / %s" % (ms, counts[key], *key))
   lines.append("\n%-12s  %s" % ("busy ms", "plane / thread (events may nest)"))

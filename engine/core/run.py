@@ -113,6 +113,17 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
            "chief" not in resolver.cluster_spec().as_dict()))
 
 
+def _profile_dir(config: Config, setup: _Setup) -> str:
+  """Where --profile_steps traces go: model_dir on the chief, and on worker
+  k > 0 model_dir/worker_k, its own folder (TensorBoard shows it as the run
+  "worker_k"), so that a slow worker can be told apart from a slow network."""
+  if setup.chief:
+    return setup.output_dir
+  resolver = setup.strategy.cluster_resolver
+  return os.path.join(config.checkpoints.model_dir,
+                      f"{resolver.task_type}_{resolver.task_id}")
+
+
 def run(task: Task, config: Config, *, hooks: Sequence[Hook] = (),
         callbacks: Sequence[keras.callbacks.Callback] = ()) -> Result:
   """Trains `task` as `config` says; evaluates, checkpoints, exports.
@@ -355,7 +366,7 @@ def _make_hooks(task: Task, config: Config, setup: _Setup, state: _State,
   resource_hook = resources.ResourceHook(stop.request_stop)
   report_hooks = reporting.make_hooks(
       config.reporting, chief=setup.chief, output_dir=setup.output_dir,
-      start_step=state.start_step,
+      profile_dir=_profile_dir(config, setup), start_step=state.start_step,
       total_steps=state.total_steps,
       steps_per_epoch=state.data.steps_per_epoch, names=state.names)
   after_eval = [reporting.eval_writer(report_hooks)]

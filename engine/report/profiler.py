@@ -4,7 +4,10 @@ The hook makes the loop end a host call after step START - 1 and after step
 END (through `next_stop`), starts the profiler at the first of those and stops
 it at the second, so the trace holds steps START..END and nothing else. The
 trace goes to model_dir/plugins/profile/<time>/, where TensorBoard's profile
-tab (the tensorboard-plugin-profile package) finds it.
+tab (the tensorboard-plugin-profile package) finds it. On multi_worker every
+worker traces the same steps, worker k > 0 into model_dir/worker_k/ (see
+engine/core/run.py), so the traces show which worker the others waited for
+in each all-reduce (benchmarks/worker_skew.py reads them).
 """
 import math
 from typing import Tuple
@@ -18,24 +21,21 @@ from engine.core import hooks
 class ProfileHook(hooks.Hook):
   """Profiles steps START..END (1-based, inclusive) into `logdir`."""
 
-  def __init__(self, logdir: str, steps: Tuple[int, int], start_step: int,
-               *, enabled: bool):
+  def __init__(self, logdir: str, steps: Tuple[int, int], start_step: int):
     """Starts at once if the run begins right before START.
 
     Args:
-      logdir: the profiler's log directory (model_dir).
+      logdir: the profiler's log directory (this worker's, see run.py).
       steps: (START, END).
       start_step: the step this run starts from (after a resume).
-      enabled: False on non-chief workers: they are not profiled.
     """
     self._logdir = logdir
     self._first, self._last = steps
     self._on = False
-    self._enabled = enabled
-    # Where host calls end must not depend on `enabled`: every worker joins
-    # the same collectives per host call (the stop-flag exchange), so if
-    # only the chief cut its calls at START and END, the workers would wait
-    # on different collectives until --collective_timeout.
+    # Every worker cuts its host calls at START and END alike: every worker
+    # joins the same collectives per host call (the stop-flag exchange), so
+    # calls that ended at different steps would wait on different
+    # collectives.
     self._window = start_step <= self._first - 1
     if not self._window:
       logging.warning("--profile_steps=%d,%d: the run starts at step %d, "
@@ -61,7 +61,7 @@ class ProfileHook(hooks.Hook):
     self.close()
 
   def _start(self):
-    if self._enabled and self._window:
+    if self._window:
       tf.profiler.experimental.start(self._logdir)
       self._on = True
 

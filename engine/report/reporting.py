@@ -14,13 +14,14 @@ from engine.report import export, profiler, progress, summaries
 
 
 def make_hooks(config: ReportingConfig, *, chief: bool, output_dir: str,
-               start_step: int, total_steps: int,
+               profile_dir: str, start_step: int, total_steps: int,
                steps_per_epoch: int,
                names: Sequence[str]) -> List[hooks.Hook]:
   """The progress, summary and (with --profile_steps) profiler hooks.
 
   On workers other than the chief, logging is lowered to warnings and errors
-  and the hooks write nothing, so N workers print one copy of the progress.
+  and the hooks write nothing, so N workers print one copy of the progress;
+  with --profile_steps every worker traces, into `profile_dir`.
   """
   if not chief:
     logging.set_verbosity(logging.WARNING)
@@ -33,7 +34,7 @@ def make_hooks(config: ReportingConfig, *, chief: bool, output_dir: str,
   ]
   if config.profile_steps:
     hook_list.append(profiler.ProfileHook(
-        output_dir, config.profile_steps, start_step, enabled=chief))
+        profile_dir, config.profile_steps, start_step))
   return hook_list
 
 
