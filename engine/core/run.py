@@ -6,8 +6,8 @@ The outer loop in four parts, each a small function:
                  compiled train loop;
   _make_hooks    checkpoints, evaluation, the best evaluation, callbacks,
                  reporting, resources, preemption;
-  _loop          host calls of the compiled loop until the last step, or
-                 until every worker agreed to stop early;
+  host_loop      host calls of the compiled loop until the last step, or
+                 until every worker agreed to stop early (host_loop.py);
 and then the summary (summary.json), final weights and the export.
 --mode=eval runs engine/core/eval_only.py instead.
 """
@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import tempfile
-import time
 from typing import Dict, List, Sequence
 
 from absl import logging
@@ -31,8 +30,8 @@ from engine.config import Config
 from engine.core import batchnorm, best, checkpoint, eval_only, evaluate, inputs
 from engine.core import callbacks as callbacks_lib
 from engine.core import ema as ema_lib
-from engine.core import init_weights, preemption, schedules, step
-from engine.core.hooks import Hook, Rows
+from engine.core import host_loop, init_weights, preemption, schedules, step
+from engine.core.hooks import Hook
 from engine.core.optimizers import create_optimizer
 from engine.distribute import cluster, comm, devices, hang, memory, resources
 from engine.errors import ConfigError, flag_error
@@ -167,7 +166,7 @@ def run(task: Task, config: Config, *, hooks: Sequence[Hook] = (),
     hook_list, closers = _make_hooks(task, config, setup, state, watch, hooks,
                                      stop)
     try:
-      history, steady, stopped = _loop(state, config.loop.steps_per_loop,
+      history, steady, stopped = host_loop.train(state, config.loop.steps_per_loop,
                                        hook_list, watch, stop)
     finally:
       for close in closers:
@@ -438,111 +437,6 @@ def _best_hook(task, config, setup, state):
         export if config.reporting.export else None)
   return best.BestHook(metric, config.loop.early_stopping_patience,
                        state.best_state, on_best)
-
-
-def _loop(state: _State, steps_per_loop: int, hook_list, watch, stop):
-  """Calls the compiled loop until the last step, handing each call to hooks.
-
-  The first call runs a single step: it includes tracing, so it is left out of
-  the steady-state throughput. Later calls run `steps_per_loop` steps, ended
-  early where a hook needs control at an exact step.
-
-  A hook's `stop_reason`, or a vote to finish the host call carried
-  (engine/core/preemption.py), ends the loop early on every worker alike.
-
-  Returns:
-    (history: {name: values per step}, (steady examples, steady seconds),
-    {"stop_step", "stop_reason"}: both None unless the loop ended early).
-  """
-  history, done = _History(len(state.names)), state.start_step
-  steady_examples, steady_seconds = 0.0, 0.0
-  loss_at = state.names.index("loss")
-  norm_at = state.names.index("grad_norm")
-  stopped = {"stop_step": None, "stop_reason": None}
-  for h in hook_list:
-    h.begin(done)
-  while done < state.total_steps:
-    end = min([state.total_steps, done + steps_per_loop] +
-              [h.next_stop(done) for h in hook_list])
-    n = 1 if done == state.start_step else int(end - done)
-    vote = stop.vote()
-    start = time.perf_counter()
-    with watch("train", n):
-      out, votes = _host_call(state, n, vote, first=done == state.start_step)
-    seconds = time.perf_counter() - start
-    rows = Rows(state.names, out, votes)
-    if done > state.start_step:
-      steady_examples += float(rows["examples"].sum())
-      steady_seconds += seconds
-    # NaN guard: raised before any hook, so no non-finite weights are saved.
-    bad = np.flatnonzero(~np.isfinite(out[:, [loss_at, norm_at]]).all(axis=1))
-    if bad.size:
-      raise FloatingPointError(
-          f"loss {out[bad[0], loss_at]}, gradient norm {out[bad[0], norm_at]}"
-          f" at step {done + bad[0] + 1}")
-    done += n
-    for h in hook_list:
-      h.after_loop(done, rows, seconds)
-    history.add(out)
-    # The same answer on every worker at the same step: votes summed by the
-    # host call, or hooks deciding from all-reduced values.
-    reasons = [r for r in [stop.finish_reason(votes)] +
-               [h.stop_reason() for h in hook_list] if r]
-    if reasons and done < state.total_steps:
-      stopped = {"stop_step": done, "stop_reason": "; ".join(reasons)}
-      # A warning, so that every worker logs it (not only the chief).
-      logging.warning("Stopping at step %d of %d: %s.", done,
-                      state.total_steps, stopped["stop_reason"])
-      break
-  values = history.values()
-  return ({name: values[:, k] for k, name in enumerate(state.names)},
-          (steady_examples, steady_seconds), stopped)
-
-
-class _History:
-  """Every step's row in one float32 array that doubles when full: 4 bytes
-  per value and step, and no Python object per host call."""
-
-  def __init__(self, width: int):
-    self._rows = np.zeros((1024, width), np.float32)
-    self._size = 0
-
-  def add(self, rows: np.ndarray) -> None:
-    end = self._size + len(rows)
-    if end > len(self._rows):
-      grown = np.zeros((max(end, 2 * len(self._rows)), self._rows.shape[1]),
-                       np.float32)
-      grown[:self._size] = self._rows[:self._size]
-      self._rows = grown
-    self._rows[self._size:end] = rows
-    self._size = end
-
-  def values(self) -> np.ndarray:
-    return self._rows[:self._size]
-
-
-def _host_call(state: _State, n: int, vote: float, first: bool):
-  """One call of the compiled loop: ([n, columns], summed votes) on the host.
-
-  The first call traces the step. A task mistake that only shows when the
-  step runs (a label outside the model's classes, say) fails there, and is
-  reported as the task's, in one line, before anything was trained.
-  """
-  try:
-    rows, votes = state.train_loop(state.iterator, tf.constant(n, tf.int32),
-                                   tf.constant(vote, tf.float32))
-    return rows.numpy(), float(votes)
-  except tf.errors.InvalidArgumentError as e:
-    refused = inputs.input_error(e)
-    if refused is not None:  # e.g. --strict_images met a corrupt image
-      raise refused from e
-    if not first:
-      raise
-    message = str(e.message).strip().splitlines()
-    raise ConfigError(
-        "the first training step failed: "
-        f"{message[0][:300] if message else type(e).__name__}"
-        " (check that the task's labels fit the model's outputs).") from e
 
 
 def _summarize(task, config, setup, state, history, steady) -> dict:

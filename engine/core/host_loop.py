@@ -1,0 +1,122 @@
+"""The host loop: calls of the compiled train loop until the last step.
+
+`train` hands each call's rows to the hooks, keeps every step's row, times
+the steady state (every call after the first, tracing one), stops at a NaN
+before any hook can save it, and ends early where a hook or the workers'
+stop vote says so, at the same step on every worker. `state` is run.py's
+_State: `names`, `start_step`, `total_steps`, `train_loop`, `iterator`.
+"""
+import time
+
+from absl import logging
+import numpy as np
+import tensorflow as tf
+
+from engine.core import inputs
+from engine.core.hooks import Rows
+from engine.errors import ConfigError
+
+
+def train(state, steps_per_loop: int, hook_list, watch, stop):
+  """Calls the compiled loop until the last step, handing each call to hooks.
+
+  The first call runs a single step: it includes tracing, so it is left out of
+  the steady-state throughput. Later calls run `steps_per_loop` steps, ended
+  early where a hook needs control at an exact step.
+
+  A hook's `stop_reason`, or a vote to finish the host call carried
+  (engine/core/preemption.py), ends the loop early on every worker alike.
+
+  Returns:
+    (history: {name: values per step}, (steady examples, steady seconds),
+    {"stop_step", "stop_reason"}: both None unless the loop ended early).
+  """
+  history, done = _History(len(state.names)), state.start_step
+  steady_examples, steady_seconds = 0.0, 0.0
+  loss_at = state.names.index("loss")
+  norm_at = state.names.index("grad_norm")
+  stopped = {"stop_step": None, "stop_reason": None}
+  for h in hook_list:
+    h.begin(done)
+  while done < state.total_steps:
+    end = min([state.total_steps, done + steps_per_loop] +
+              [h.next_stop(done) for h in hook_list])
+    n = 1 if done == state.start_step else int(end - done)
+    vote = stop.vote()
+    start = time.perf_counter()
+    with watch("train", n):
+      out, votes = _host_call(state, n, vote, first=done == state.start_step)
+    seconds = time.perf_counter() - start
+    rows = Rows(state.names, out, votes)
+    if done > state.start_step:
+      steady_examples += float(rows["examples"].sum())
+      steady_seconds += seconds
+    # NaN guard: raised before any hook, so no non-finite weights are saved.
+    bad = np.flatnonzero(~np.isfinite(out[:, [loss_at, norm_at]]).all(axis=1))
+    if bad.size:
+      raise FloatingPointError(
+          f"loss {out[bad[0], loss_at]}, gradient norm {out[bad[0], norm_at]}"
+          f" at step {done + bad[0] + 1}")
+    done += n
+    for h in hook_list:
+      h.after_loop(done, rows, seconds)
+    history.add(out)
+    # The same answer on every worker at the same step: votes summed by the
+    # host call, or hooks deciding from all-reduced values.
+    reasons = [r for r in [stop.finish_reason(votes)] +
+               [h.stop_reason() for h in hook_list] if r]
+    if reasons and done < state.total_steps:
+      stopped = {"stop_step": done, "stop_reason": "; ".join(reasons)}
+      # A warning, so that every worker logs it (not only the chief).
+      logging.warning("Stopping at step %d of %d: %s.", done,
+                      state.total_steps, stopped["stop_reason"])
+      break
+  values = history.values()
+  return ({name: values[:, k] for k, name in enumerate(state.names)},
+          (steady_examples, steady_seconds), stopped)
+
+
+class _History:
+  """Every step's row in one float32 array that doubles when full: 4 bytes
+  per value and step, and no Python object per host call."""
+
+  def __init__(self, width: int):
+    self._rows = np.zeros((1024, width), np.float32)
+    self._size = 0
+
+  def add(self, rows: np.ndarray) -> None:
+    end = self._size + len(rows)
+    if end > len(self._rows):
+      grown = np.zeros((max(end, 2 * len(self._rows)), self._rows.shape[1]),
+                       np.float32)
+      grown[:self._size] = self._rows[:self._size]
+      self._rows = grown
+    self._rows[self._size:end] = rows
+    self._size = end
+
+  def values(self) -> np.ndarray:
+    return self._rows[:self._size]
+
+
+def _host_call(state, n: int, vote: float, first: bool):
+  """One call of the compiled loop: ([n, columns], summed votes) on the host.
+
+  The first call traces the step. A task mistake that only shows when the
+  step runs (a label outside the model's classes, say) fails there, and is
+  reported as the task's, in one line, before anything was trained.
+  """
+  try:
+    rows, votes = state.train_loop(state.iterator, tf.constant(n, tf.int32),
+                                   tf.constant(vote, tf.float32))
+    return rows.numpy(), float(votes)
+  except tf.errors.InvalidArgumentError as e:
+    refused = inputs.input_error(e)
+    if refused is not None:  # e.g. --strict_images met a corrupt image
+      raise refused from e
+    if not first:
+      raise
+    message = str(e.message).strip().splitlines()
+    raise ConfigError(
+        "the first training step failed: "
+        f"{message[0][:300] if message else type(e).__name__}"
+        " (check that the task's labels fit the model's outputs).") from e
