@@ -102,6 +102,7 @@ def evaluate_checkpoint(task: Task, config: Config, setup, path: str,
                                    watch)
     with ema_lib.swapped(averages):
       results = evaluator.evaluate()
+    evaluator.release()
     cluster.stop_watchdog()
   writer = summaries.SummaryHook(setup.output_dir, (), enabled=setup.chief,
                                  every=0)

@@ -18,7 +18,7 @@ from typing import Callable, ContextManager, Dict, Optional, Sequence
 from absl import logging
 import tensorflow as tf
 
-from engine.core import inputs
+from engine.core import inputs, iterators
 from engine.core.hooks import Hook, every
 from engine.core.step import batch_size, forward_sums
 from engine.distribute import hang
@@ -123,9 +123,12 @@ class Evaluator:
 
   def evaluate(self) -> Dict[str, float]:
     """One pass: {"eval_loss", "eval_examples", "eval_<metric>", ...}."""
-    iterator = (iter(self._dataset) if self._until_end else self._iterator)
+    if self._until_end:
+      self._iterator = iter(self._dataset)
     with self._watch("eval", self.num_examples):
-      sums = self._loop(iterator, self._batches).numpy()
+      sums = self._loop(self._iterator, self._batches).numpy()
+    if self._until_end:  # this pass's iterator is done with
+      iterators.drop_later(self, "_iterator")
     count = int(sums[1])
     # Fewer when the task's pipeline skipped examples it could not read
     # (undecodable images, data/decode.py); never more.
@@ -141,6 +144,11 @@ class Evaluator:
   @property
   def traces(self) -> int:
     return self._loop.experimental_get_tracing_count()
+
+  def release(self) -> None:
+    """Lets go of the input iterator (engine/core/iterators.py); no pass
+    may follow."""
+    iterators.drop_later(self, "_iterator")
 
 
 class EvalHook(Hook):
@@ -195,6 +203,7 @@ class EvalHook(Hook):
     if not self.results or self.results[-1][0] != summary["global_step"]:
       self._run(summary["global_step"])
     summary.update(self.results[-1][1])
+    self._evaluator.release()
 
 
 def eval_keys(metrics) -> tuple:

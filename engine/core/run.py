@@ -30,7 +30,8 @@ from engine.config import Config
 from engine.core import batchnorm, best, checkpoint, eval_only, evaluate, inputs
 from engine.core import callbacks as callbacks_lib
 from engine.core import ema as ema_lib
-from engine.core import host_loop, init_weights, preemption, schedules, step
+from engine.core import host_loop, init_weights, iterators, preemption
+from engine.core import schedules, step
 from engine.core.hooks import Hook
 from engine.core.optimizers import create_optimizer
 from engine.distribute import cluster, comm, devices, hang, memory, resources
@@ -151,6 +152,17 @@ def run(task: Task, config: Config, *, hooks: Sequence[Hook] = (),
         task, config, _set_up(config), path, build_model))
   setup = _set_up(config)
   state = _build_state(task, config, setup)
+  try:
+    return _train(task, config, setup, state, hooks, callbacks)
+  finally:
+    # Not on this thread: dropping the input iterator can wait up to a
+    # minute for tf.data's autotuning thread (engine/core/iterators.py).
+    iterators.drop_later(state, "iterator")
+
+
+def _train(task: Task, config: Config, setup: _Setup, state: _State,
+           hooks: Sequence[Hook], callbacks) -> Result:
+  """From the built state to the Result: the host loop with its hooks."""
   if (state.start_step >= state.total_steps or
       _stopped_early(config.loop.early_stopping_patience, state)):
     return _nothing_to_train(config, setup, state)
@@ -166,8 +178,8 @@ def run(task: Task, config: Config, *, hooks: Sequence[Hook] = (),
     hook_list, closers = _make_hooks(task, config, setup, state, watch, hooks,
                                      stop)
     try:
-      history, steady, stopped = host_loop.train(state, config.loop.steps_per_loop,
-                                       hook_list, watch, stop)
+      history, steady, stopped = host_loop.train(
+          state, config.loop.steps_per_loop, hook_list, watch, stop)
     finally:
       for close in closers:
         close()
