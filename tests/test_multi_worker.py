@@ -5,6 +5,7 @@ Workers never get --cpu_devices: each is one CPU replica, as on real hosts.
 """
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -39,6 +40,27 @@ def tiny_flags(**overrides):
            "cross_device_ops", "model_dir", "weights_out", "init_timeout",
            "collective_timeout")
   return [f"--{n}={getattr(c, n)}" for n in names]
+
+
+def start_from_checkpoint(model_dir, to_dir, step):
+  """Makes `to_dir` a model_dir that holds only `model_dir`'s checkpoint of
+  `step`, as if a run had stopped there: a run in `to_dir` resumes from it.
+
+  (A periodic checkpoint of an uninterrupted run is the state that a run
+  stopped at that step saves: the resume tests start from one instead of
+  training the interrupted run's first part again.)
+  """
+  src, dst = os.path.join(model_dir, "checkpoints"), os.path.join(
+      to_dir, "checkpoints")
+  os.makedirs(dst)
+  names = [n for n in os.listdir(src)
+           if n.startswith(f"ckpt-{step}.") or n == "run.json"]
+  assert any(n.endswith(".index") for n in names), os.listdir(src)
+  for name in names:
+    shutil.copy(os.path.join(src, name), dst)
+  with open(os.path.join(dst, "checkpoint"), "w") as f:
+    f.write(f'model_checkpoint_path: "ckpt-{step}"\n'
+            f'all_model_checkpoint_paths: "ckpt-{step}"\n')
 
 
 def launch(flags, timeout=150, num_workers=2):
