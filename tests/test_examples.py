@@ -2,8 +2,8 @@
 on logical CPU devices and on 2 workers through the launcher.
 
 Each example runs 20 steps in one go and 20 on 2 workers through the
-launcher; the tabular one also runs 10 steps then resumes to 20 (exact
-resume of a user's script); the exported SavedModel is then
+launcher; the tabular one also resumes its checkpoint of step 10 to 20
+(exact resume of a user's script); the exported SavedModel is then
 loaded and asked for predictions in a fresh interpreter.
 """
 import json
@@ -16,6 +16,7 @@ import pytest
 
 from conftest import ROOT
 from data import export
+from test_multi_worker import start_from_checkpoint
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT)
 ENV.pop("TF_CONFIG", None)
@@ -52,17 +53,18 @@ def predict_elsewhere(export_dir, inputs_code):
 
 
 def train_resume_and_launch(tmp_path, program, flags, resume=True):
-  """The four runs (three without `resume`); returns the uninterrupted run's
+  """The three runs (two without `resume`); returns the uninterrupted run's
   summary."""
   a, b, mw = tmp_path / "a", tmp_path / "b", tmp_path / "mw"
   local = [sys.executable, *program, "--cpu_devices=2", *COMMON, *flags]
-  if resume:
-    run([*local, "--train_steps=10", f"--model_dir={a}"])
-    assert summary(a)["global_step"] == 10
-    run([*local, "--train_steps=20", f"--model_dir={a}"])  # resumes at 10
-    assert summary(a)["start_step"] == 10 and summary(a)["global_step"] == 20
   run([*local, "--train_steps=20", f"--model_dir={b}"])
   if resume:
+    # An interrupted run: the checkpoint of step 10 (--checkpoint_every=5),
+    # resumed to 20 (the state a run stopped at 10 saves; training its first
+    # 10 steps again would be one more process).
+    start_from_checkpoint(b, a, 10)
+    run([*local, "--train_steps=20", f"--model_dir={a}"])  # resumes at 10
+    assert summary(a)["start_step"] == 10 and summary(a)["global_step"] == 20
     for got, want in zip(weights(a), weights(b)):
       np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
   launcher = ([f"--script={program[0]}"] if program[0].endswith(".py") else
