@@ -274,25 +274,91 @@ def test_cluster_sources():
                                                   "index": 3}})})
 
 
-def test_launcher_stops_all_on_ctrl_c(tmp_path):
+# Stand-in workers for the launcher's own logic (no TensorFlow, so a launch
+# costs no worker start-up): each prints a line and then, as
+# STANDIN_EXIT says, exits with that code at once or ("term") waits for
+# SIGTERM and exits 75 as a preempted worker does. That real workers save a
+# checkpoint at one step on the SIGTERM the launcher forwards, exit 75 and
+# resume is tests/test_preemption.py's 2-worker test.
+STANDIN = """
+import os, signal, sys, time
+print("stand-in worker", *sys.argv[1:4], flush=True)
+code = os.environ["STANDIN_EXIT"]
+if code != "term":
+  sys.exit(int(code))
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(75))
+print("waiting for SIGTERM", flush=True)
+while True:
+  time.sleep(0.1)
+"""
+
+
+def _standin_launch(tmp_path, code, *launcher_flags):
+  script = tmp_path / "standin.py"
+  script.write_text(STANDIN)
   log = tmp_path / "launch.log"
-  proc = _start([sys.executable, "-m", "engine.launch", "--num_workers=2",
-                 "--", *tiny_flags(model_dir=str(tmp_path / "m"), **LONG)],
-                open(log, "w"))
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "engine.launch", "--num_workers=2",
+       f"--script={script}", *launcher_flags, "--"], cwd=ROOT,
+      env=dict(ENV, STANDIN_EXIT=code), stdout=open(log, "w"),
+      stderr=subprocess.STDOUT, start_new_session=True)
+  return proc, log
+
+
+def test_launcher_stops_all_on_ctrl_c(tmp_path):
+  proc, log = _standin_launch(tmp_path, "term")
   try:
-    assert _wait_for(lambda: log.read_text().splitlines(), "step 5/",
-                     time.monotonic() + 90), log.read_text()[-2000:]
+    deadline = time.monotonic() + 60
+    while (log.read_text().count("waiting for SIGTERM") < 2 and
+           time.monotonic() < deadline):
+      time.sleep(0.1)
+    assert log.read_text().count("waiting for SIGTERM") == 2, (
+        log.read_text()[-2000:])
     pids = [int(line.split()[4].rstrip(":")) for line in log.read_text().splitlines()
             if line.startswith("launcher: worker ") and " pid " in line]
     assert len(pids) == 2
     os.kill(proc.pid, signal.SIGINT)
-    # Forwarded as SIGTERM: both save a checkpoint (tests/test_preemption.py).
+    # Forwarded as SIGTERM: both exit 75, as preempted workers do.
     assert proc.wait(60) == 75, log.read_text()[-3000:]
+    text = log.read_text()
+    assert ("launcher: got signal 2, forwarded SIGTERM to all workers" in
+            text), text[-3000:]
+    assert "launcher: all 2 workers saved a checkpoint" in text
     for pid in pids:  # every worker was stopped (and reaped) by the launcher
       with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
   finally:
     _kill([proc])
+
+
+def test_launcher_gives_up_after_max_restarts(tmp_path):
+  # Workers that fail (exit 4, as on divergence) every attempt: one restart,
+  # then the launcher gives up with 1. Bad flags (2) and preemptions (75)
+  # never restart (test_preemption's launches pass --max_restarts=1).
+  proc, log = _standin_launch(tmp_path, "4", "--max_restarts=1")
+  try:
+    assert proc.wait(60) == 1
+  finally:
+    _kill([proc])
+  text = log.read_text()
+  assert text.count("launcher: restart 1/1") == 1, text
+  assert text.count("stand-in worker") == 4, text  # 2 attempts of 2
+  assert "launcher: giving up: workers still failing after 1 restart(s)." in (
+      text)
+
+
+def test_two_diverging_workers_stop_and_the_launcher_fails(tmp_path):
+  # Real workers: both see the NaN in the same all-reduced step row, stop
+  # with "training diverged" (exit 4), and the launcher without
+  # --max_restarts exits 1.
+  out = subprocess.run(
+      [sys.executable, "-m", "engine.launch", "--num_workers=2", "--",
+       *tiny_flags(model_dir=str(tmp_path / "m"), optimizer="sgd",
+                   learning_rate=1e6, train_steps=200, steps_per_loop=1)],
+      cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=150)
+  assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+  assert "training diverged" in out.stdout
+  assert "launcher: restart" not in out.stderr
 
 
 def test_launcher_restarts_after_a_lost_worker(tmp_path):
@@ -337,18 +403,3 @@ def test_launcher_restarts_after_a_lost_worker(tmp_path):
                            f"preempted: SIGTERM at step {start};" in text)
   finally:
     _kill([proc])
-
-
-def test_launcher_gives_up_after_max_restarts(tmp_path):
-  # Divergence fails every attempt (exit 4); bad flags (exit 2) never restart.
-  out = subprocess.run(
-      [sys.executable, "-m", "engine.launch", "--num_workers=2",
-       "--max_restarts=1", "--",
-       *tiny_flags(model_dir=str(tmp_path / "m"), optimizer="sgd",
-                   learning_rate=1e6, train_steps=200, steps_per_loop=1)],
-      cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=150)
-  assert out.returncode == 1
-  assert out.stderr.count("launcher: restart 1/1") == 1
-  assert "launcher: giving up: workers still failing after 1 restart(s)." in (
-      out.stderr)
-  assert "training diverged" in out.stdout
