@@ -179,14 +179,14 @@ def test_lone_worker_gives_up_after_init_timeout(tmp_path):
   start = time.monotonic()
   out = subprocess.run(engine_cmd(
       "--strategy=multi_worker", f"--worker_hosts={hosts}", "--task_index=0",
-      *tiny_flags(model_dir=str(tmp_path), init_timeout=5.0)),
+      *tiny_flags(model_dir=str(tmp_path), init_timeout=2.0)),
                        cwd=ROOT, env=ENV, capture_output=True, text=True,
                        timeout=90, check=False)
   # The watchdog process ends the worker with SIGTERM, then SIGKILL (see
   # engine/watchdog.py): the worker is blocked in C++ holding the GIL.
   assert out.returncode in (-signal.SIGTERM, -signal.SIGKILL)
   assert time.monotonic() - start < 60
-  want = (f"error: --init_timeout=5: tasks worker:1 (127.0.0.1:{ports[1]}) "
+  want = (f"error: --init_timeout=2: tasks worker:1 (127.0.0.1:{ports[1]}) "
           "never joined the cluster.")
   assert want in out.stderr.splitlines(), out.stderr[-2000:]
 
