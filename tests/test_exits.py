@@ -77,8 +77,8 @@ def test_flag_errors_absl_catches_are_one_line_and_exit_2(tmp_path, flag,
 
 
 def test_launcher_refuses_strategies_other_than_multi_worker():
-  # --strategy=multi_worker is accepted: tests/test_multi_worker.py's
-  # test_two_workers_match_one_replica[sgd-ring] trains 2 workers
+  # --strategy=multi_worker is accepted: tests/test_partial_batch.py's
+  # test_two_workers_match_one_device_with_partial_batches trains 2 workers
   # with it (one launch fewer here).
   launch = [sys.executable, "-m", "engine.launch", "--num_workers=2", "--"]
   out = run([*launch, "--strategy=mirrored", *TINY])

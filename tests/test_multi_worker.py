@@ -70,47 +70,53 @@ def launch(flags, timeout=150, num_workers=2):
       timeout=timeout, check=False)
 
 
-# Each optimizer and each cross_device_ops once (not all four pairs: every
-# case is a real 2-worker launch, and the suite has a time budget). The sgd
-# case also passes --strategy=multi_worker to the launcher (accepted:
-# tests/test_exits.py checks that other strategies are refused); the adam case
-# also profiles the chief (see _check_profile).
-@pytest.mark.parametrize("optimizer, cross_device_ops, extra", [
-    pytest.param("sgd", "ring", ["--strategy=multi_worker"], id="sgd-ring"),
-    pytest.param("adam", "auto", ["--profile_steps=2,3"], id="adam-auto")])
-def test_two_workers_match_one_replica(tmp_path, optimizer, cross_device_ops,
-                                       extra):
-  profile = any(f.startswith("--profile_steps") for f in extra)
-  start = time.monotonic()
-  out = launch(tiny_flags(
-      optimizer=optimizer, learning_rate=lr(optimizer),
-      cross_device_ops=cross_device_ops, train_steps=STEPS,
-      batch_size_per_replica=GLOBAL_BATCH // 2, model_dir=str(tmp_path / "mw"),
-      weights_out="weights.npz", collective_timeout=20) + extra)
+def check_two_worker_run(out, model_dir, steps, global_batch, entries=()):
+  """What every 2-worker launch of the built-in job must show: success, an
+  explicit shard policy, only the chief writing model_dir (holding
+  `entries` besides the usual ones) and reporting progress, the checkpoint
+  of the last step, one collective per step; returns summary.json."""
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   assert "launcher: all 2 workers succeeded." in out.stderr
   assert "AutoShardPolicy" not in out.stdout  # the policy is explicit
   # Only the chief wrote model_dir; worker 1's temp dir is gone.
-  assert sorted(os.listdir(tmp_path / "mw")) == sorted([
+  assert sorted(os.listdir(model_dir)) == sorted([
       "checkpoints", "export", "summary.json", "train", "weights.npz",
-      *(["plugins"] if profile else [])])
-  if profile:
-    _check_profile(tmp_path / "mw", time.monotonic() - start)
+      *entries])
   # Only the chief reports progress; worker 1 logs warnings and errors only.
   lines = out.stdout.splitlines()
   assert any(l.startswith("[worker 0] ") and "| loss " in l for l in lines)
   assert not any(l.startswith("[worker 1] ") and "| loss " in l for l in lines)
-  assert f"ckpt-{STEPS}.index" in os.listdir(tmp_path / "mw" / "checkpoints")
-  summary = json.loads((tmp_path / "mw" / "summary.json").read_text())
+  assert f"ckpt-{steps}.index" in os.listdir(model_dir / "checkpoints")
+  summary = json.loads((model_dir / "summary.json").read_text())
   assert summary["num_workers"] == 2 and summary["num_replicas"] == 2
-  assert summary["global_batch_size"] == GLOBAL_BATCH
-  assert summary["global_step"] == STEPS
+  assert summary["global_batch_size"] == global_batch
+  assert summary["global_step"] == steps
   # Each step's one collective is the gradient all-reduce (the example count
   # rides in it): no per-step metrics reduce, no iterator data check.
   assert summary["collectives_per_step"] == 1
   assert summary["malloc_tuned"] is (memory.glibc() is not None)
+  return summary
+
+
+def test_two_workers_match_one_replica(tmp_path):
+  """adam, --cross_device_ops=auto, and the chief profiled (_check_profile).
+
+  sgd and ring, with --strategy=multi_worker given to the launcher (accepted;
+  tests/test_exits.py checks that other strategies are refused), are
+  tests/test_partial_batch.py's 2-worker test, with partial batches: each
+  case is a real 2-worker launch, and the suite has a time budget.
+  """
+  start = time.monotonic()
+  out = launch(tiny_flags(
+      optimizer="adam", learning_rate=lr("adam"), cross_device_ops="auto",
+      train_steps=STEPS, batch_size_per_replica=GLOBAL_BATCH // 2,
+      model_dir=str(tmp_path / "mw"), weights_out="weights.npz",
+      collective_timeout=20) + ["--profile_steps=2,3"])
+  summary = check_two_worker_run(out, tmp_path / "mw", STEPS, GLOBAL_BATCH,
+                                 entries=["plugins"])
+  _check_profile(tmp_path / "mw", time.monotonic() - start)
   ref = run_job(tiny_config(
-      strategy="one_device", optimizer=optimizer, learning_rate=lr(optimizer),
+      strategy="one_device", optimizer="adam", learning_rate=lr("adam"),
       batch_size_per_replica=GLOBAL_BATCH, train_steps=STEPS,
       model_dir=str(tmp_path / "ref")))
   got = np.load(tmp_path / "mw" / "weights.npz")
