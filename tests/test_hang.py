@@ -23,14 +23,14 @@ ENV.pop("TF_CONFIG", None)
 # The default job's shape with small batches; 3,000 steps used to leave
 # about 10,000 sleeping threads behind with the default --collective_timeout
 # (3+ per step). The thread tests run LONG_STEPS steps in host calls of 2
-# steps and epochs of 16 steps: 250 host calls and 31 epochs, so a leak of
-# one thread per collective, per host call, every 4 host calls or per epoch
+# steps and epochs of 16 steps: 150 host calls and 18 epochs, so a leak of
+# one thread per collective, per host call, every 10 host calls or per epoch
 # (or threads that sleep out a 60 s timeout: the run is shorter) ends more
 # than 10 threads above the first call's count, the bound asserted.
 LONG_JOB = ["--model=small_cnn", "--image_size=32", "--batch_size_per_replica=8",
             "--noprogress", "--log_every=1000", "--noexport",
             "--summary_every=100"]
-LONG_STEPS = 500
+LONG_STEPS = 300
 SHORT_LOOPS = ["--steps_per_loop=2", "--synthetic_examples=256"]
 # Measured: 33 on mirrored; 127 per worker on multi_worker, where the gRPC
 # server and the coordination service keep their own pools.
