@@ -5,6 +5,7 @@ Workers never get --cpu_devices: each is one CPU replica, as on real hosts.
 """
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -70,7 +71,8 @@ def launch(flags, timeout=150, num_workers=2):
       timeout=timeout, check=False)
 
 
-def check_two_worker_run(out, model_dir, steps, global_batch, entries=()):
+def check_two_worker_run(out, model_dir, steps, global_batch, entries=(),
+                         packs=1):
   """What every 2-worker launch of the built-in job must show: success, an
   explicit shard policy, only the chief writing model_dir (holding
   `entries` besides the usual ones) and reporting progress, the checkpoint
@@ -92,28 +94,40 @@ def check_two_worker_run(out, model_dir, steps, global_batch, entries=()):
   assert summary["global_batch_size"] == global_batch
   assert summary["global_step"] == steps
   # Each step's one collective is the gradient all-reduce (the example count
-  # rides in it): no per-step metrics reduce, no iterator data check.
-  assert summary["collectives_per_step"] == 1
+  # rides in it), one per pack: no per-step metrics reduce, no iterator data
+  # check.
+  assert summary["collectives_per_step"] == packs
   assert summary["malloc_tuned"] is (memory.glibc() is not None)
   return summary
 
 
 def test_two_workers_match_one_replica(tmp_path):
-  """adam, --cross_device_ops=auto, and the chief profiled (_check_profile).
+  """adam, --cross_device_ops=auto, gradients accumulated over 4
+  micro-batches and sent in packs of at most 1024 bytes, and the chief
+  profiled (_check_profile): 2 workers x 4 micro-batches of 2 == one replica
+  with batch 16.
 
-  sgd and ring, with --strategy=multi_worker given to the launcher (accepted;
-  tests/test_exits.py checks that other strategies are refused), are
-  tests/test_partial_batch.py's 2-worker test, with partial batches: each
-  case is a real 2-worker launch, and the suite has a time budget.
+  sgd and ring without accumulation, with --strategy=multi_worker given to
+  the launcher (accepted; tests/test_exits.py checks that other strategies
+  are refused), are tests/test_partial_batch.py's 2-worker test, with
+  partial batches: each case is a real 2-worker launch, and the suite has a
+  time budget.
   """
   start = time.monotonic()
   out = launch(tiny_flags(
       optimizer="adam", learning_rate=lr("adam"), cross_device_ops="auto",
-      train_steps=STEPS, batch_size_per_replica=GLOBAL_BATCH // 2,
+      train_steps=STEPS, batch_size_per_replica=GLOBAL_BATCH // 2 // 4,
       model_dir=str(tmp_path / "mw"), weights_out="weights.npz",
-      collective_timeout=20) + ["--profile_steps=2,3"])
+      collective_timeout=20) + ["--profile_steps=2,3", "--grad_accum_steps=4",
+                                "--bytes_per_pack=1024"])
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  packs = json.loads((tmp_path / "mw" / "summary.json").read_text())[
+      "allreduce_packs"]
+  assert packs >= 4  # --bytes_per_pack reached MWMS
   summary = check_two_worker_run(out, tmp_path / "mw", STEPS, GLOBAL_BATCH,
-                                 entries=["plugins"])
+                                 entries=["plugins"], packs=packs)
+  assert re.search(r"\[worker 0\] .*Each step all-reduces 58664 gradient "
+                   r"bytes \(float32\) per replica in \d+ pack", out.stdout)
   _check_profile(tmp_path / "mw", time.monotonic() - start)
   ref = run_job(tiny_config(
       strategy="one_device", optimizer="adam", learning_rate=lr("adam"),
