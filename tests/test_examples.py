@@ -1,9 +1,10 @@
 """examples/: users' scripts train, evaluate, checkpoint, resume and export,
 on logical CPU devices and on 2 workers through the launcher.
 
-Each example runs 20 steps in one go and 20 on 2 workers through the
-launcher; the tabular one also resumes its checkpoint of step 10 to 20
-(exact resume of a user's script); both exported SavedModels are then
+Each example runs 20 steps on 2 workers through the launcher; the tabular
+one also runs 20 steps on 2 local replicas (the workers' weights must match
+them) and resumes its checkpoint of step 10 to 20 (exact resume of a user's
+script); both exported SavedModels are then
 loaded and asked for predictions in one fresh interpreter.
 """
 import json
@@ -56,23 +57,30 @@ def predict_elsewhere(*exports):
   return out.stdout.strip().splitlines()
 
 
-def train_resume_and_launch(tmp_path, program, flags, resume=True):
-  """The three runs (two without `resume`); returns the uninterrupted run's
-  summary."""
+def train_resume_and_launch(tmp_path, program, flags, local=True):
+  """The runs: on 2 local replicas, resumed from its checkpoint of step 10,
+  and on 2 workers (only the last without `local`); returns (the summary of
+  the uninterrupted run, its model_dir)."""
   a, b, mw = tmp_path / "a", tmp_path / "b", tmp_path / "mw"
-  local = [sys.executable, *program, "--cpu_devices=2", *COMMON, *flags]
-  run([*local, "--train_steps=20", f"--model_dir={b}"])
-  if resume:
-    # An interrupted run: the checkpoint of step 10 (--checkpoint_every=5),
-    # resumed to 20 (the state a run stopped at 10 saves; training its first
-    # 10 steps again would be one more process).
-    start_from_checkpoint(b, a, 10)
-    run([*local, "--train_steps=20", f"--model_dir={a}"])  # resumes at 10
-    assert summary(a)["start_step"] == 10 and summary(a)["global_step"] == 20
-    for got, want in zip(weights(a), weights(b)):
-      np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+  local_cmd = [sys.executable, *program, "--cpu_devices=2", *COMMON, *flags]
   launcher = ([f"--script={program[0]}"] if program[0].endswith(".py") else
               [f"--module={program[1]}"])
+  if not local:
+    run([sys.executable, "-m", "engine.launch", "--num_workers=2", *launcher,
+         "--", *COMMON, *flags, "--train_steps=20", f"--model_dir={mw}"])
+    s = summary(mw)
+    assert s["num_workers"] == 2 and s["global_step"] == 20
+    assert s["final_loss"] < s["first_loss"]  # it learns
+    return s, mw
+  run([*local_cmd, "--train_steps=20", f"--model_dir={b}"])
+  # An interrupted run: the checkpoint of step 10 (--checkpoint_every=5),
+  # resumed to 20 (the state a run stopped at 10 saves; training its first
+  # 10 steps again would be one more process).
+  start_from_checkpoint(b, a, 10)
+  run([*local_cmd, "--train_steps=20", f"--model_dir={a}"])  # resumes at 10
+  assert summary(a)["start_step"] == 10 and summary(a)["global_step"] == 20
+  for got, want in zip(weights(a), weights(b)):
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
   run([sys.executable, "-m", "engine.launch", "--num_workers=2", *launcher,
        "--", *COMMON, *flags, "--train_steps=20", f"--model_dir={mw}"])
   assert summary(mw)["num_workers"] == 2
@@ -80,7 +88,7 @@ def train_resume_and_launch(tmp_path, program, flags, resume=True):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
   s = summary(b)
   assert s["final_loss"] < s["first_loss"]  # it learns
-  return s
+  return s, b
 
 
 IMAGE_INPUTS = "{'images': tf.random.uniform([4, 32, 32, 3])}"
@@ -94,19 +102,21 @@ def image_runs(tmp_path_factory):
   tmp_path = tmp_path_factory.mktemp("image")
   images = export.write_sample_folder(str(tmp_path / "pets"),
                                       ["cat", "dog", "fox"], 20, size=(36, 36))
-  s = train_resume_and_launch(
+  # On 2 workers only: a user's script on local replicas, resumed, and
+  # matching 2 workers is test_tabular_regression; folder images on 2
+  # workers matching one replica, test_input_scale.py.
+  s, run_dir = train_resume_and_launch(
       tmp_path, [os.path.join("examples", "image_classifier.py")],
-      [f"--image_dir={images}", "--image_size=32"],
-      resume=False)  # resuming a user's script: test_tabular_regression
-  return tmp_path, s
+      [f"--image_dir={images}", "--image_size=32"], local=False)
+  return run_dir, s
 
 
 @pytest.fixture(scope="module")
 def tabular_runs(tmp_path_factory):
   tmp_path = tmp_path_factory.mktemp("tabular")
-  s = train_resume_and_launch(
+  s, run_dir = train_resume_and_launch(
       tmp_path, ["-m", "examples.tabular_regression"], ["--houses=512"])
-  return tmp_path, s
+  return run_dir, s
 
 
 def test_image_classifier(image_runs):  # pylint: disable=redefined-outer-name
@@ -125,7 +135,7 @@ def test_tabular_regression(tabular_runs):  # pylint: disable=redefined-outer-na
 def test_both_exports_predict_in_a_fresh_interpreter(image_runs, tabular_runs):  # pylint: disable=redefined-outer-name
   # One interpreter for both SavedModels (one TensorFlow start-up fewer).
   lines = predict_elsewhere(
-      (image_runs[0] / "b" / "export", IMAGE_INPUTS),
-      (tabular_runs[0] / "b" / "export", TABULAR_INPUTS))
+      (image_runs[0] / "export", IMAGE_INPUTS),
+      (tabular_runs[0] / "export", TABULAR_INPUTS))
   assert lines == ["{'logits': [4, 3], 'probabilities': [4, 3]}", "True",
                    "{'outputs': [2, 1]}", "True"]
