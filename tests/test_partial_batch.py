@@ -16,7 +16,7 @@ import models
 from conftest import run_job, tiny_config, train_batches
 from data import export, tfds_data
 from test_eval import keras_evaluate
-from test_multi_worker import launch, tiny_flags
+from test_multi_worker import check_two_worker_run, launch, tiny_flags
 
 EXAMPLES, GLOBAL_BATCH, STEPS, LR = 37, 8, 10, 0.05
 CLASSES = ("cat", "dog", "fox")
@@ -82,23 +82,30 @@ def test_replicas_match_one_device_with_partial_batches(reference, tmp_path,
 
 def test_two_workers_match_one_device_with_partial_batches(reference,
                                                            tmp_path):
+  """Also test_multi_worker's sgd/ring case of 2 workers matching one
+  replica (with --strategy=multi_worker given to the launcher, accepted)."""
   # Eval over 33 examples: the last batch holds 1, so one worker has none.
   eval_split = "train[:33]"
   out = launch(tiny_flags(
       optimizer="sgd", learning_rate=LR, synthetic_examples=EXAMPLES,
       batch_size_per_replica=GLOBAL_BATCH // 2, train_steps=STEPS,
-      steps_per_loop=4, model_dir=str(tmp_path / "mw"),
+      steps_per_loop=4, model_dir=str(tmp_path / "mw"), cross_device_ops="ring",
       weights_out="weights.npz") + [f"--eval_split={eval_split}",
-                                    "--eval_every=5"], timeout=240)
-  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+                                    "--eval_every=5",
+                                    "--strategy=multi_worker"], timeout=240)
+  summary = check_two_worker_run(out, tmp_path / "mw", STEPS, GLOBAL_BATCH,
+                                 entries=["eval"])
   assert "AutoShardPolicy" not in out.stdout + out.stderr
-  summary = json.loads((tmp_path / "mw" / "summary.json").read_text())
-  assert summary["num_workers"] == 2 and summary["global_step"] == STEPS
   got = np.load(tmp_path / "mw" / "weights.npz")
+  assert len(got.files) == len(reference.weights)
   for k, want in enumerate(reference.weights):
     np.testing.assert_allclose(got[f"arr_{k}"], want, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(summary["final_loss"], reference.losses[-1],
                              rtol=1e-5)
+  # A wrong reduction would move weights by far more than the tolerance.
+  diff = max(np.abs(got[f"arr_{k}"] - w).max()
+             for k, w in enumerate(reference.weights))
+  assert diff < 1e-5
   config = config_for(0, tmp_path / "k", eval_split=eval_split)
   loss, accuracy, count = keras_evaluate(config, reference.weights,
                                          GLOBAL_BATCH)

@@ -26,9 +26,10 @@ from engine import launch as launcher
 from test_multi_worker import (_kill, _launched_pid, _start, _wait_for, launch,
                                lr, tiny_flags)
 
-# Well after both preemptions (each run stopped 10-20 steps after its signal
-# on 2 loaded cores, at about steps 20 and 50), and quick to train.
-TOTAL = 200
+# The runs go on TAIL steps after the second preemption's step (each run
+# stopped 10-20 steps after its signal on 2 loaded cores, at about steps 20
+# and 50).
+TAIL = 10
 FLAGS = dict(optimizer="adam", learning_rate=lr("adam"), steps_per_loop=5,
              log_every=5, weights_out="w.npz")
 
@@ -179,18 +180,24 @@ def test_sigterm_to_a_worker_then_to_the_launcher_resumes_exactly(tmp_path):
   assert "SIGTERM" in reasons.values()
   assert set(reasons.values()) <= {"SIGTERM", "stop requested by another worker"}
   assert "launcher: got signal 15, forwarded SIGTERM to all workers" in text
-  assert first < second < TOTAL, (first, second)
+  assert first < second, (first, second)
 
-  out = launch(tiny_flags(train_steps=TOTAL, model_dir=str(model_dir),
+  total = second + TAIL
+  out = launch(tiny_flags(train_steps=total, model_dir=str(model_dir),
                           **FLAGS))
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   summary = json.loads((model_dir / "summary.json").read_text())
   assert summary["start_step"] == second
-  assert summary["global_step"] == TOTAL
-  whole = tmp_path / "whole"
-  out = launch(tiny_flags(train_steps=TOTAL, model_dir=str(whole), **FLAGS))
-  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-  want, got = np.load(whole / "w.npz"), np.load(model_dir / "w.npz")
-  assert len(want.files) == len(got.files) > 0
-  for key in want.files:
-    np.testing.assert_allclose(got[key], want[key], rtol=0, atol=1e-6)
+  assert summary["global_step"] == total
+  # The run never interrupted, trained here on 2 local replicas: the same
+  # per-replica batches and one all-reduce of 2 values per step, bitwise
+  # equal to 2 uninterrupted workers (measured: 0.0 after 60 steps; that 2
+  # workers match one replica is test_multi_worker's first test), and 2
+  # process starts fewer than a third launch.
+  whole = run_job(tiny_config(
+      cpu_devices=2, train_steps=total, model_dir=str(tmp_path / "whole"),
+      **{k: v for k, v in FLAGS.items() if k != "weights_out"}))
+  got = np.load(model_dir / "w.npz")
+  assert len(got.files) == len(whole.weights) > 0
+  for k, want in enumerate(whole.weights):
+    np.testing.assert_allclose(got[f"arr_{k}"], want, rtol=0, atol=1e-6)

@@ -153,7 +153,7 @@ def _launch(data_dir, model_dir, steps):
       "--image_size=32", f"--batch_size_per_replica={GLOBAL_BATCH // 2}",
       "--shard_files", f"--train_steps={steps}", "--steps_per_loop=1",
       "--seed=7", "--noexport", "--augment=flip", f"--model_dir={model_dir}",
-      "--weights_out=w.npz"])
+      "--weights_out=w.npz", "--checkpoint_every=5"])
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   summary = json.loads((model_dir / "summary.json").read_text())
   weights = np.load(model_dir / "w.npz")
@@ -161,12 +161,13 @@ def _launch(data_dir, model_dir, steps):
 
 
 def test_two_workers_train_and_resume_exactly(tfds_dir, tmp_path):  # pylint: disable=redefined-outer-name
-  # 7 steps: epoch 0 (4 steps) and 3 of epoch 1; the interrupted run stops
-  # after 5 (one batch into epoch 1) and goes on from its checkpoint.
+  # 7 steps: epoch 0 (4 steps) and 3 of epoch 1; the interrupted run goes
+  # on from the checkpoint of step 5 (one batch into epoch 1), the one the
+  # uninterrupted run saved there.
   summary, whole = _launch(tfds_dir, tmp_path / "whole", 7)
   assert (summary["num_workers"], summary["global_step"]) == (2, 7)
   assert summary["skipped_images"] == 0  # every step a whole global batch
-  _launch(tfds_dir, tmp_path / "cut", 5)
+  mw.start_from_checkpoint(tmp_path / "whole", tmp_path / "cut", 5)
   summary, resumed = _launch(tfds_dir, tmp_path / "cut", 7)
   assert (summary["start_step"], summary["global_step"]) == (5, 7)
   for k, want in enumerate(whole):
