@@ -129,25 +129,47 @@ def test_metrics_are_named_everywhere(one_replica):
                                       "learning_rate", "accuracy"}
 
 
-@pytest.mark.parametrize("mistake, line", [
-    ("not_pairs", "error: task user_task: build_inputs('train') yields dicts "
-                  "with keys ['extra', 'x'], not (features, labels) pairs"),
-    ("scalar_loss", "error: task user_task: the loss returned shape [] for "
-                    "outputs shape [None, 3]; it must return one value per "
-                    "example"),
-    ("shape", "error: task user_task: the loss failed on the model's outputs "
-              "(shape [None, 3]) and the labels (shape [None])"),
-    ("duplicate_metric", "error: task user_task: metric name 'accuracy' is "
-                         "used twice"),
-])
-def test_a_users_mistake_is_one_line_before_training(tmp_path, mistake, line):
+MISTAKES = {
+    "not_pairs": "error: task user_task: build_inputs('train') yields dicts "
+                 "with keys ['extra', 'x'], not (features, labels) pairs",
+    "scalar_loss": "error: task user_task: the loss returned shape [] for "
+                   "outputs shape [None, 3]; it must return one value per "
+                   "example",
+    "shape": "error: task user_task: the loss failed on the model's outputs "
+             "(shape [None, 3]) and the labels (shape [None])",
+    "duplicate_metric": "error: task user_task: metric name 'accuracy' is "
+                        "used twice",
+}
+
+
+@pytest.mark.parametrize("mistake", sorted(MISTAKES))
+def test_a_users_mistake_is_one_config_error_before_training(tmp_path,
+                                                             mistake):
+  """Each mistake is caught before training as one ConfigError line, which
+  the command line prints as `error: <line>` with exit 2, as it does every
+  ConfigError (engine/cli.py; one such run is the next test)."""
+  c = config(tmp_path, 1)
+  with pytest.raises(engine.ConfigError) as caught:
+    engine.run(user_task.make_task(mistake), c)
+  message = f"error: {caught.value}"
+  assert "\n" not in message and message.startswith(MISTAKES[mistake]), (
+      message)
+  assert not os.path.exists(os.path.join(c.checkpoints.model_dir,
+                                         "checkpoints", "checkpoint"))
+
+
+def test_a_users_mistake_is_one_line_before_training(tmp_path):
+  """The user's script on the command line: the mistake is one line, exit 2,
+  no traceback, nothing trained ("shape": the loss raises inside TensorFlow,
+  the mistake most likely to escape as a traceback)."""
   out = subprocess.run(
-      [sys.executable, SCRIPT, f"--mistake={mistake}", "--train_steps=2",
+      [sys.executable, SCRIPT, "--mistake=shape", "--train_steps=2",
        "--batch_size_per_replica=8", f"--model_dir={tmp_path}"],
       cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
   assert out.returncode == 2, out.stderr[-3000:]
   assert "Traceback" not in out.stderr
   errors = [l for l in out.stderr.splitlines() if l.startswith("error:")]
-  assert len(errors) == 1 and errors[0].startswith(line), out.stderr[-2000:]
+  assert len(errors) == 1 and errors[0].startswith(MISTAKES["shape"]), (
+      out.stderr[-2000:])
   assert "| loss " not in out.stderr  # nothing was trained
   assert not os.path.exists(tmp_path / "checkpoints" / "checkpoint")

@@ -65,22 +65,17 @@ def test_helpfull_lists_the_contract_flags():
 
 
 @pytest.mark.parametrize("flags,expected", [
-    (["--cross_device_ops=nccl", "--cpu_devices=2"],
-     "error: --cross_device_ops=nccl: NCCL needs GPUs"),
-    (["--devices=/gpu:3"], "error: --devices=/gpu:3: /gpu:3 does not exist"),
-    (["--model=resnet"],
-     "error: --model=resnet: unknown; valid: mobilenet_v2, small_cnn."),
-    (["--dataset=no_such_data_set_xyz"],
-     "error: --dataset=no_such_data_set_xyz: is neither 'synthetic' nor"),
+    # Refused by the flags alone, before TensorFlow is imported.
     (["--batch_size_per_replica=0"],
      "error: --batch_size_per_replica=0: must be a positive integer."),
-    (["--image_size=-3"], "error: --image_size=-3: must be a positive"),
     (["--steps_per_loop=0"], "error: --steps_per_loop=0: must be a positive"),
     (["--learning_rate=-1"], "error: --learning_rate=-1.0: must be positive."),
     (["--epochs=0", "--train_steps=0"], "error: --epochs=0: must be positive"),
+    (["--strategy=bogus"], "flag --strategy=bogus: value should be one of"),
+    # Refused after TensorFlow is imported (a ConfigError from the run, as
+    # the cases of the next test are; one process start shows the form).
     (["--model_dir=/proc/no_such_dir"],
      "error: --model_dir=/proc/no_such_dir: cannot be written"),
-    (["--strategy=bogus"], "flag --strategy=bogus: value should be one of"),
 ])
 def test_bad_input_is_one_line_without_traceback(flags, expected):
   proc = run_engine(*TINY, "--train_steps=1", *flags, timeout=120)
@@ -91,6 +86,30 @@ def test_bad_input_is_one_line_without_traceback(flags, expected):
   assert len(errors) == 1, proc.stderr[-2000:]
   assert errors[0].startswith(expected) or expected in errors[0], errors[0]
 
+
+@pytest.mark.parametrize("fields,expected", [
+    (dict(cross_device_ops="nccl", cpu_devices=2),
+     "error: --cross_device_ops=nccl: NCCL needs GPUs"),
+    (dict(devices=("/gpu:3",)),
+     "error: --devices=/gpu:3: /gpu:3 does not exist"),
+    (dict(model="resnet"),
+     "error: --model=resnet: unknown; valid: mobilenet_v2, small_cnn."),
+    (dict(dataset="no_such_data_set_xyz"),
+     "error: --dataset=no_such_data_set_xyz: is neither 'synthetic' nor"),
+    (dict(image_size=-3), "error: --image_size=-3: must be a positive"),
+])
+def test_bad_input_found_by_the_run_is_one_config_error(tmp_path, fields,
+                                                        expected):
+  """The command line prints a ConfigError as `error: <message>`, exit 2
+  (engine/cli.py; the --model_dir case above runs it): these are found by
+  the run, in-process here, without a TensorFlow import per case."""
+  import engine  # pylint: disable=g-import-not-at-top
+  from conftest import run_job, tiny_config  # pylint: disable=g-import-not-at-top
+  with pytest.raises(engine.ConfigError) as caught:
+    run_job(tiny_config(train_steps=1, model_dir=str(tmp_path), **fields))
+  message = f"error: {caught.value}"
+  assert "\n" not in message and message.startswith(expected), message
+  assert not os.path.exists(tmp_path / "checkpoints" / "checkpoint")
 
 
 @pytest.mark.parametrize("given", [None, "0", "1"])

@@ -119,26 +119,33 @@ class Block(importlib.abc.MetaPathFinder):
       raise ImportError("blocked: " + name)
 sys.meta_path.insert(0, Block())
 import numpy as np, keras, tensorflow as tf
-d, images = sys.argv[1], np.load(sys.argv[2])
-np.save(sys.argv[3], keras.saving.load_model(d + "/model.keras")(images))
-served = tf.saved_model.load(d + "/saved_model").signatures["serving_default"]
-out = served(images=tf.constant(images))
-np.save(sys.argv[4], out["logits"].numpy())
-np.save(sys.argv[5], out["probabilities"].numpy())
+images = np.load(sys.argv[1])
+for d, keras_out, logits, probs in zip(*[iter(sys.argv[2:])] * 4):
+  np.save(keras_out, keras.saving.load_model(d + "/model.keras")(images))
+  served = tf.saved_model.load(d + "/saved_model").signatures[
+      "serving_default"]
+  out = served(images=tf.constant(images))
+  np.save(logits, out["logits"].numpy())
+  np.save(probs, out["probabilities"].numpy())
 """
 
 
-def load_elsewhere(export_dir, images, tmp_path):
-  """Predictions of both exported formats, from an interpreter without us."""
+def load_elsewhere(export_dirs, images, tmp_path):
+  """Predictions of both exported formats of each export directory, from one
+  interpreter without us (one TensorFlow import for all of them)."""
   np.save(tmp_path / "images.npy", images)
-  outs = [tmp_path / f"{n}.npy" for n in ("keras", "logits", "probs")]
+  args, outs = [], []
+  for i, export_dir in enumerate(export_dirs):
+    out = [tmp_path / f"{i}_{n}.npy" for n in ("keras", "logits", "probs")]
+    args += [str(export_dir), *map(str, out)]
+    outs.append(out)
   env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
   proc = subprocess.run(
-      [sys.executable, "-I", "-c", _LOADER, str(export_dir),
-       str(tmp_path / "images.npy"), *map(str, outs)],
+      [sys.executable, "-I", "-c", _LOADER, str(tmp_path / "images.npy"),
+       *args],
       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  return [np.load(o) for o in outs]
+  return [[np.load(o) for o in out] for out in outs]
 
 
 def assert_same_predictions(got, want):
@@ -154,17 +161,16 @@ IMAGES = np.random.default_rng(0).uniform(size=(5, 32, 32, 3)).astype(
     np.float32)
 
 
-def test_trained_model_export_round_trip(tmp_path):
+def trained_small_cnn(tmp_path):
   """small_cnn, exported at the end of a 2-replica run."""
   result = run_job(tiny_config(cpu_devices=2, train_steps=2, export=True,
-                                   model_dir=str(tmp_path / "m")))
+                               model_dir=str(tmp_path / "m")))
   want = result.model(IMAGES, training=False).numpy()
   assert want.shape == (5, 10)
-  assert_same_predictions(
-      load_elsewhere(tmp_path / "m" / "export", IMAGES, tmp_path), want)
+  return tmp_path / "m" / "export", want
 
 
-def test_mobilenet_v2_export_round_trip(tmp_path):
+def random_mobilenet_v2(tmp_path):
   """mobilenet_v2 built in a 2-replica scope, as train.py builds it.
 
   Training it here would cost most of a minute; every variable (BatchNorm's
@@ -184,9 +190,26 @@ def test_mobilenet_v2_export_round_trip(tmp_path):
     v.assign(value.astype(np.float32))
   export.export(model, str(tmp_path / "export"), task,
                 tf.TensorSpec([None, 32, 32, 3], tf.float32))
-  want = model(IMAGES, training=False).numpy()
-  assert_same_predictions(load_elsewhere(tmp_path / "export", IMAGES,
-                                         tmp_path), want)
+  return tmp_path / "export", model(IMAGES, training=False).numpy()
+
+
+@pytest.fixture(scope="module")
+def round_trips(tmp_path_factory):
+  """{name: (predictions of both exported formats, loaded elsewhere; the
+  model's own)}: both exports are loaded by one fresh interpreter."""
+  made = {name: build(tmp_path_factory.mktemp(name)) for name, build in (
+      ("small_cnn", trained_small_cnn), ("mobilenet_v2", random_mobilenet_v2))}
+  got = load_elsewhere([d for d, _ in made.values()], IMAGES,
+                       tmp_path_factory.mktemp("loaded"))
+  return {name: (g, want) for (name, (_, want)), g in zip(made.items(), got)}
+
+
+def test_trained_model_export_round_trip(round_trips):
+  assert_same_predictions(*round_trips["small_cnn"])
+
+
+def test_mobilenet_v2_export_round_trip(round_trips):
+  assert_same_predictions(*round_trips["mobilenet_v2"])
 
 
 def test_export_dir_flag_is_used(tmp_path):

@@ -176,10 +176,6 @@ TINY = ["--model=small_cnn", "--image_size=32", "--synthetic_examples=64",
      "--momentum > 0 (it is Nesterov momentum)."),
     (["--clip_global_norm=-1"], "error: --clip_global_norm=-1.0: must not be "
      "negative."),
-    # Known only once the run's length is: still before training.
-    (["--train_steps=4", "--warmup_epochs=1", "--lr_schedule=cosine"],
-     "error: --warmup_epochs=1: is 8 steps, but the run has 4; warmup must "
-     "end before the last step."),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, flags, line):
   proc = subprocess.run(
@@ -190,4 +186,19 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, flags, line):
   errors = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
   assert errors == [line], proc.stderr[-2000:]
   assert "Traceback" not in proc.stderr
+  assert not (tmp_path / "checkpoints").exists()  # nothing trained
+
+
+def test_warmup_longer_than_the_run_is_one_line_before_training(tmp_path):
+  """Known only once the run's length is: still before training. Checked
+  in-process (the same flags as TINY): the command line prints this
+  ConfigError as the one line, exit 2, as it does the cases above."""
+  with pytest.raises(engine.ConfigError) as caught:
+    run_job(tiny_config(synthetic_examples=64, batch_size_per_replica=8,
+                        export=False, strategy="one_device", train_steps=4,
+                        warmup_epochs=1, lr_schedule="cosine",
+                        model_dir=str(tmp_path)))
+  assert f"error: {caught.value}" == (
+      "error: --warmup_epochs=1: is 8 steps, but the run has 4; warmup must "
+      "end before the last step.")
   assert not (tmp_path / "checkpoints").exists()  # nothing trained

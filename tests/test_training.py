@@ -21,14 +21,23 @@ def test_loss_falls_and_accuracy_rises(tmp_path):
   assert result.summary["examples_per_sec"] > 0
 
 
+LOOP_KW = dict(cpu_devices=2, train_steps=10, log_every=5)
+
+
+@pytest.fixture(scope="module")
+def one_step_per_loop(tmp_path_factory):
+  """The reference: host calls of one step (trained once for the module)."""
+  return run_job(tiny_config(steps_per_loop=1,
+                             model_dir=str(tmp_path_factory.mktemp("a")),
+                             **LOOP_KW))
+
+
 @pytest.mark.parametrize("steps_per_loop", [1, 4, 50])
-def test_steps_per_loop_changes_nothing_and_never_retraces(tmp_path,
-                                                          steps_per_loop):
-  kw = dict(cpu_devices=2, train_steps=10, log_every=5)
-  one = run_job(tiny_config(steps_per_loop=1, model_dir=str(tmp_path / "a"),
-                                **kw))
+def test_steps_per_loop_changes_nothing_and_never_retraces(
+    one_step_per_loop, tmp_path, steps_per_loop):
+  one = one_step_per_loop
   many = run_job(tiny_config(steps_per_loop=steps_per_loop,
-                                 model_dir=str(tmp_path / "b"), **kw))
+                             model_dir=str(tmp_path / "b"), **LOOP_KW))
   np.testing.assert_array_equal(one.losses, many.losses)
   for a, b in zip(one.weights, many.weights):
     np.testing.assert_array_equal(a, b)
