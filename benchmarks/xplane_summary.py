@@ -14,7 +14,8 @@ import sys
 
 def events(directory: str):
   """Yields (plane, thread, event name, start ms, duration ms) of every event
-  in every trace file under `directory`; start on the host's clock."""
+  in every trace file under `directory`; start on the host's clock (a line's
+  timestamp counts from the trace's `profile_start_time`)."""
   from tensorflow.tsl.profiler.protobuf import xplane_pb2  # pylint: disable=g-import-not-at-top
   files = glob.glob(os.path.join(directory, "**", "*.xplane.pb"),
                     recursive=True)
@@ -24,13 +25,25 @@ def events(directory: str):
     space = xplane_pb2.XSpace()
     with open(path, "rb") as f:
       space.ParseFromString(f.read())
+    origin_ns = _profile_start_ns(space)
     for plane in space.planes:
       names = {k: m.name for k, m in plane.event_metadata.items()}
       for line in plane.lines:
+        line_ms = (origin_ns + line.timestamp_ns) / 1e6
         for event in line.events:
           yield (plane.name, line.name, names.get(event.metadata_id, "?"),
-                 line.timestamp_ns / 1e6 + event.offset_ps / 1e9,
-                 event.duration_ps / 1e9)
+                 line_ms + event.offset_ps / 1e9, event.duration_ps / 1e9)
+
+
+def _profile_start_ns(space) -> int:
+  """The trace's start on the host clock, in ns ("Task Environment" plane's
+  `profile_start_time`); 0 where a trace has none."""
+  for plane in space.planes:
+    names = {k: m.name for k, m in plane.stat_metadata.items()}
+    for stat in plane.stats:
+      if names.get(stat.metadata_id) == "profile_start_time":
+        return stat.uint64_value or stat.int64_value
+  return 0
 
 
 def summarise(directory: str, top: int = 25) -> str:

@@ -78,11 +78,16 @@ class CountingEvaluator:
 
   def __init__(self):
     self.calls = 0
+    self.released = 0
 
   def evaluate(self):
+    assert not self.released, "evaluated after release()"
     self.calls += 1
     return {"eval_loss": 1.0 / self.calls, "eval_accuracy": 0.5,
             "eval_examples": 7}
+
+  def release(self):
+    self.released += 1
 
 
 @pytest.mark.parametrize("eval_every,expected", [(0, [5, 10, 12]),
@@ -92,7 +97,8 @@ def test_eval_schedule(eval_every, expected):
   # means each epoch's end; the last step is always evaluated.
   config = tiny_config(synthetic_examples=EXAMPLES, eval_split="train",
                        eval_every=eval_every)
-  hook = evaluate.EvalHook(CountingEvaluator(), config.eval_every or 5, 12)
+  evaluator = CountingEvaluator()
+  hook = evaluate.EvalHook(evaluator, config.eval_every or 5, 12)
   step = 0
   while step < 12:  # the outer loop's contract: stop where a hook asks
     step = min(step + 3, hook.next_stop(step))
@@ -101,6 +107,7 @@ def test_eval_schedule(eval_every, expected):
   summary = {"global_step": 12}
   hook.end(summary)
   assert summary["eval_loss"] == 1.0 / 3 and len(hook.results) == 3
+  assert evaluator.released == 1  # its iterator goes once the run ends
 
 
 def test_eval_every_steps_in_a_real_run(tmp_path):

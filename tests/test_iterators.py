@@ -37,7 +37,8 @@ def test_the_last_reference_is_dropped_on_another_thread():
   assert log == ["tfengine_drop_iterator"]
 
 
-def test_a_run_hands_its_training_and_eval_iterators_over(monkeypatch):
+def test_a_run_hands_its_training_and_eval_iterators_over(monkeypatch,
+                                                          tmp_path):
   from engine.core import iterators  # pylint: disable=g-import-not-at-top
   dropped, drop = [], iterators.drop_later
 
@@ -48,7 +49,8 @@ def test_a_run_hands_its_training_and_eval_iterators_over(monkeypatch):
 
   monkeypatch.setattr(iterators, "drop_later", record)
   result = run_job(tiny_config(cpu_devices=2, eval_split="train[:32]",
-                               eval_every=3))
+                               eval_every=3, model_dir=str(tmp_path)))
+  assert result.summary["global_step"] == 6
   assert result.summary["eval_examples"] == 32
   # One Evaluator iterator (every pass reads it) and the training one, each
   # a live distributed iterator when it is handed over.

@@ -80,7 +80,8 @@ def check_two_worker_run(out, model_dir, steps, global_batch, entries=(),
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   assert "launcher: all 2 workers succeeded." in out.stderr
   assert "AutoShardPolicy" not in out.stdout  # the policy is explicit
-  # Only the chief wrote model_dir; worker 1's temp dir is gone.
+  # Only the chief wrote model_dir (worker 1 only its trace, worker_1, with
+  # --profile_steps); worker 1's temp dir is gone.
   assert sorted(os.listdir(model_dir)) == sorted([
       "checkpoints", "export", "summary.json", "train", "weights.npz",
       *entries])
@@ -125,7 +126,7 @@ def test_two_workers_match_one_replica(tmp_path):
       "allreduce_packs"]
   assert packs >= 4  # --bytes_per_pack reached MWMS
   summary = check_two_worker_run(out, tmp_path / "mw", STEPS, GLOBAL_BATCH,
-                                 entries=["plugins"], packs=packs)
+                                 entries=["plugins", "worker_1"], packs=packs)
   assert re.search(r"\[worker 0\] .*Each step all-reduces 58664 gradient "
                    r"bytes \(float32\) per replica in \d+ pack", out.stdout)
   _check_profile(tmp_path / "mw", time.monotonic() - start)
@@ -145,15 +146,28 @@ def test_two_workers_match_one_replica(tmp_path):
 
 
 def _check_profile(model_dir, seconds):
-  """The chief ends host calls at --profile_steps (2,3: calls of steps 1,
-  2-3, 4 instead of 1-3, 4 with --steps_per_loop=3); worker 1, which takes no
-  trace, must end them there too, or the two wait on different collectives
-  until --collective_timeout (20 s: the run would fail with exit 3)."""
+  """Every worker ends host calls at --profile_steps (2,3: calls of steps 1,
+  2-3, 4 instead of 1-3, 4 with --steps_per_loop=3), or the two wait on
+  different collectives until --collective_timeout (20 s: the run would fail
+  with exit 3); each traces steps 2-3, the chief into model_dir and worker 1
+  into model_dir/worker_1, and each trace holds those two steps' gradient
+  all-reduces (what benchmarks.worker_skew reads)."""
+  from benchmarks import worker_skew  # pylint: disable=g-import-not-at-top
   assert seconds < 100
-  runs = os.listdir(model_dir / "plugins" / "profile")
-  assert len(runs) == 1
-  files = os.listdir(model_dir / "plugins" / "profile" / runs[0])
-  assert any(f.endswith(".xplane.pb") for f in files), files
+  spans = []
+  for trace_dir in (model_dir, model_dir / "worker_1"):
+    runs = os.listdir(trace_dir / "plugins" / "profile")
+    assert len(runs) == 1
+    files = os.listdir(trace_dir / "plugins" / "profile" / runs[0])
+    assert any(f.endswith(".xplane.pb") for f in files), files
+    spans.append(worker_skew.gradient_all_reduces(
+        str(trace_dir / "plugins"), steps=2))
+  # Step 3's all-reduce starts after step 2's on both, and the two workers'
+  # all-reduces of a step overlap (one clock: both run on this host).
+  for (s2, e2), (s3, e3) in spans:
+    assert e2 <= s3 < e3
+  (a, b), (c, d) = spans[0][1], spans[1][1]
+  assert max(a, c) < min(b, d)
 
 
 def _wait_for(proc_lines, pattern, deadline):
