@@ -102,3 +102,33 @@ def eval_batches(j: Job, global_batch: int):
   data = inputs.eval_inputs(j.task(), tf.distribute.InputContext(),
                             global_batch)
   return data.batches(), data.num_examples
+
+
+def conv_bn_task(examples: int, filters, strides: int = 1,
+                 name: str = "conv_bn"):
+  """A user's task of convolutions each with BatchNormalization: `examples`
+  random 8x8 images of 3 classes; one Conv2D (3x3, `strides`) + BN + ReLU per
+  entry of `filters`, global average pooling, a Dense head. With strides 2
+  and three layers the last maps are 1x1, as in MobileNetV2's last layers."""
+  import keras  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  images = rng.normal(size=(examples, 8, 8, 3)).astype(np.float32)
+  labels = rng.integers(0, 3, size=examples).astype(np.int32)
+
+  def model():
+    x = inputs = keras.Input((8, 8, 3))
+    for width in filters:
+      x = keras.layers.Conv2D(width, 3, strides=strides, padding="same",
+                              use_bias=False)(x)
+      x = keras.layers.ReLU()(keras.layers.BatchNormalization()(x))
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    return keras.Model(inputs, keras.layers.Dense(3)(x))
+
+  return engine.Task(
+      model=model, name=name,
+      inputs=lambda split, context: tf.data.Dataset.from_tensor_slices(
+          (images, labels)),
+      loss=lambda y, logits: keras.losses.sparse_categorical_crossentropy(
+          y, logits, from_logits=True))

@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from conftest import conv_bn_task
 from engine import Config
 from engine.core import batchnorm
 from engine.distribute import devices
@@ -147,30 +148,6 @@ def test_synchronized_is_one_all_reduce_and_matches_keras(monkeypatch):
     assert _rel(got, want) < RTOL
 
 
-def _conv_bn_task():
-  """Two convolutions, each with BatchNormalization; 16 images of 8x8."""
-  import keras  # pylint: disable=g-import-not-at-top
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  import engine  # pylint: disable=g-import-not-at-top
-  rng = np.random.default_rng(0)
-  images = rng.normal(size=(16, 8, 8, 3)).astype(np.float32)
-  labels = rng.integers(0, 3, size=16).astype(np.int32)
-
-  def model():
-    x = inputs = keras.Input((8, 8, 3))
-    for filters in (4, 8):
-      x = keras.layers.Conv2D(filters, 3, padding="same", use_bias=False)(x)
-      x = keras.layers.ReLU()(keras.layers.BatchNormalization()(x))
-    x = keras.layers.GlobalAveragePooling2D()(x)
-    return keras.Model(inputs, keras.layers.Dense(3)(x))
-  return engine.Task(
-      model=model, name="conv_bn",
-      inputs=lambda split, context: tf.data.Dataset.from_tensor_slices(
-          (images, labels)),
-      loss=lambda y, logits: keras.losses.sparse_categorical_crossentropy(
-          y, logits, from_logits=True))
-
-
 def test_flag_and_engine_run(tmp_path):
   """The flag reaches the run's model, and the fused and Keras BatchNorm
   give the same loss in an engine run. A two-convolution model: MobileNetV2
@@ -181,7 +158,7 @@ def test_flag_and_engine_run(tmp_path):
   assert Config().optimization.fused_batchnorm
   results = {}
   for fused in (True, False):
-    results[fused] = engine.run(_conv_bn_task(), Config.create(
+    results[fused] = engine.run(conv_bn_task(16, (4, 8)), Config.create(
         optimizer="sgd", learning_rate=0.01, train_steps=1, steps_per_loop=1,
         log_every=1, strategy="one_device", batch_size_per_replica=8,
         fused_batchnorm=fused, export=False,

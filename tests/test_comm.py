@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import run_job, tiny_config, train_batches
+from conftest import conv_bn_task, run_job, tiny_config, train_batches
 from engine.config import Config
 from engine.core import run, step
 from engine.core.optimizers import create_optimizer
@@ -180,32 +180,6 @@ def test_jit_compile_matches_plain(tmp_path):
   assert max_diff(xla.weights, plain.weights) < 1e-4
 
 
-def _bn_task():
-  """Three stride-2 convolutions with BatchNormalization, 8x8 images down to
-  1x1 feature maps (where a replica's 8 rows are all its moments see, as in
-  MobileNetV2's last layers), 32 images of 3 classes."""
-  import keras  # pylint: disable=g-import-not-at-top
-  import engine  # pylint: disable=g-import-not-at-top
-  rng = np.random.default_rng(0)
-  images = rng.normal(size=(32, 8, 8, 3)).astype(np.float32)
-  labels = rng.integers(0, 3, size=32).astype(np.int32)
-
-  def model():
-    x = inputs = keras.Input((8, 8, 3))
-    for filters in (8, 16, 16):  # 8x8 -> 4x4 -> 2x2 -> 1x1
-      x = keras.layers.Conv2D(filters, 3, strides=2, padding="same",
-                              use_bias=False)(x)
-      x = keras.layers.ReLU()(keras.layers.BatchNormalization()(x))
-    x = keras.layers.Flatten()(x)
-    return keras.Model(inputs, keras.layers.Dense(3)(x))
-  return engine.Task(
-      model=model, name="bn",
-      inputs=lambda split, context: tf.data.Dataset.from_tensor_slices(
-          (images, labels)),
-      loss=lambda y, logits: keras.losses.sparse_categorical_crossentropy(
-          y, logits, from_logits=True))
-
-
 def test_sync_batchnorm_one_and_two_replicas_agree(tmp_path):
   """Global-batch moments: 2 replicas of 8 rows train as one device of 16,
   and without --sync_batchnorm they do not (the comparison can fail).
@@ -222,7 +196,9 @@ def test_sync_batchnorm_one_and_two_replicas_agree(tmp_path):
             steps_per_loop=1, shuffle_buffer=0, export=False)
 
   def train(name, sync, **fields):
-    return engine.run(_bn_task(), Config.create(
+    # 8x8 down to 1x1 maps, where a replica's 8 rows are all its moments see.
+    task = conv_bn_task(32, (8, 16, 16), strides=2, name="bn")
+    return engine.run(task, Config.create(
         sync_batchnorm=sync, model_dir=str(tmp_path / name), **kw, **fields))
   one = train("1", True, strategy="one_device", batch_size_per_replica=16)
   two = train("2", True, cpu_devices=2, batch_size_per_replica=8)

@@ -12,14 +12,12 @@ import os
 import subprocess
 import sys
 
-import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import engine
 
-from conftest import ROOT, engine_cmd, run_job, tiny_config
+from conftest import ROOT, conv_bn_task, engine_cmd, run_job, tiny_config
 from engine import Config, ConfigError, onednn
 
 REPRO = os.path.join(ROOT, "tests", "onednn_repro.py")
@@ -65,28 +63,6 @@ def test_the_fault_is_tensorflows_and_the_command_line_avoids_it(tmp_path):
   assert "oneDNN off: engine (" in err
 
 
-def _conv_bn_task():
-  """Two convolutions, each with BatchNormalization; 9 images of 8x8."""
-  rng = np.random.default_rng(0)
-  images = rng.normal(size=(9, 8, 8, 3)).astype(np.float32)
-  labels = rng.integers(0, 3, size=9).astype(np.int32)
-
-  def model():
-    x = inputs = keras.Input((8, 8, 3))
-    for filters in (4, 8):
-      x = keras.layers.Conv2D(filters, 3, padding="same", use_bias=False)(x)
-      x = keras.layers.ReLU()(keras.layers.BatchNormalization()(x))
-    x = keras.layers.GlobalAveragePooling2D()(x)
-    return keras.Model(inputs, keras.layers.Dense(3)(x))
-
-  return engine.Task(
-      model=model, name="conv_bn",
-      inputs=lambda split, context: tf.data.Dataset.from_tensor_slices(
-          (images, labels)),
-      loss=lambda y, logits: keras.losses.sparse_categorical_crossentropy(
-          y, logits, from_logits=True))
-
-
 @pytest.mark.parametrize("sync", [False, True])
 def test_empty_replicas_train_and_evaluate_as_one_device(tmp_path, sync):
   # 4 replicas of 2 rows against one device of 8: the second batch holds
@@ -94,7 +70,7 @@ def test_empty_replicas_train_and_evaluate_as_one_device(tmp_path, sync):
   base = dict(epochs=1, steps_per_loop=1, log_every=1, eval_every=1,
               optimizer="sgd", learning_rate=0.1, shuffle_buffer=0,
               sync_batchnorm=sync, export=False)
-  four = engine.run(_conv_bn_task(), Config.create(
+  four = engine.run(conv_bn_task(9, (4, 8)), Config.create(
       cpu_devices=4, batch_size_per_replica=2,
       model_dir=str(tmp_path / "four"), **base))
   # TensorFlow's default here: on on x86 (the fault's condition), and said.
@@ -107,7 +83,7 @@ def test_empty_replicas_train_and_evaluate_as_one_device(tmp_path, sync):
   assert np.isfinite(four.summary["eval_loss"])
   if sync:  # global moments: the same computation as one device
     # (Per-replica moments are not: the one-device run is only needed here.)
-    one = engine.run(_conv_bn_task(), Config.create(
+    one = engine.run(conv_bn_task(9, (4, 8)), Config.create(
         strategy="one_device", batch_size_per_replica=8,
         model_dir=str(tmp_path / "one"), **base))
     np.testing.assert_allclose(four.losses, one.losses, rtol=1e-5)
