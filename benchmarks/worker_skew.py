@@ -28,9 +28,10 @@ import subprocess
 import sys
 import tempfile
 
+from benchmarks import scaling
 from benchmarks import xplane_summary
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = scaling.ROOT
 LOOP_COLLECTIVE = "while/CollectiveReduceV2:CollectiveReduceV2"
 
 
@@ -78,17 +79,13 @@ def report(rows):
 
 
 def launch(args, model_dir):
+  """benchmarks.scaling's (c) run, traced on both workers."""
   first, last = args.profile
+  args.steps_per_loop = last - first + 1  # one host call is the trace
   cmd = [sys.executable, "-m", "engine.launch", "--num_workers=2",
-         "--cpu_pinning", "--", "--model=mobilenet_v2",
-         f"--image_size={args.image_size}",
-         f"--batch_size_per_replica={args.batch}",
-         f"--train_steps={args.steps}", f"--steps_per_loop={last - first + 1}",
-         f"--log_every={args.steps}", "--optimizer=sgd",
-         f"--synthetic_examples={args.batch * 2 * (args.steps + 1)}",
-         f"--model_dir={model_dir}", "--noexport", "--summary_every=0",
-         "--cross_device_ops=ring", f"--profile_steps={first},{last}",
-         *args.engine_flags]
+         "--cpu_pinning", "--", "--cross_device_ops=ring",
+         *scaling.engine_flags(args, model_dir),
+         f"--profile_steps={first},{last}"]
   proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
                         timeout=args.timeout, check=False)
   if proc.returncode:
@@ -101,6 +98,7 @@ def main():
   parser.add_argument("--steps", type=int, default=41)
   parser.add_argument("--profile", default="31,40",
                       help="START,END: the traced steps")
+  parser.add_argument("--model", default="mobilenet_v2")
   parser.add_argument("--image_size", type=int, default=64)
   parser.add_argument("--batch", type=int, default=64, help="per replica")
   parser.add_argument("--timeout", type=float, default=900)
