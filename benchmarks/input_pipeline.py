@@ -93,7 +93,7 @@ def child():
 
 
 def prepare(work_dir: str) -> None:
-  from data import export  # pylint: disable=g-import-not-at-top
+  from engine.data import export  # pylint: disable=g-import-not-at-top
   classes = [f"class_{k}" for k in range(5)]
   export.write_sample_folder(
       os.path.join(work_dir, "images"), classes, FLAGS.images // 5,

@@ -52,7 +52,7 @@ def source(config, split: str, flag: str, *, seed: int, training: bool,
     ConfigError: unknown data set or split, or bad images.
   """
   # Imported here so that importing `data` stays free of tfds start-up cost.
-  from data import folder, synthetic, tfds_data  # pylint: disable=g-import-not-at-top
+  from engine.data import folder, synthetic, tfds_data  # pylint: disable=g-import-not-at-top
   kw = dict(training=training, num_workers=num_workers, seed=seed)
   if config.dataset == "synthetic":
     found, kind = synthetic.source(config, split, flag, **kw), "synthetic"
@@ -76,7 +76,7 @@ def _cache(ds: tf.data.Dataset, config, split: str, kind: str,
   (data set, split, image size), so another split or size never reads a
   stale cache.
   """
-  from data import decode  # pylint: disable=g-import-not-at-top
+  from engine.data import decode  # pylint: disable=g-import-not-at-top
   ds = ds.batch(1).map(lambda items, labels: decode.decode_rows(
       items, labels, config.image_size, from_files=kind == "files",
       strict=strict, source=kind)).unbatch()

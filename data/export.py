@@ -1,6 +1,6 @@
 """Write an image folder as a TensorFlow Datasets data set (TFRecord files).
 
-    python -m data.export --dataset=folder:/path --name=my_images \
+    python -m engine.data.export --dataset=folder:/path --name=my_images \
         --data_dir=/data/tfds [--num_shards=8] [--eval_fraction=0.2]
 
 Then train with `--dataset=my_images --data_dir=/data/tfds`: tfds reads the
@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from data import folder
+from engine.data import folder
 
 
 def write(dataset: str, name: str, data_dir: str, num_shards: int = 1,

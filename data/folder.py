@@ -126,7 +126,7 @@ def list_images(dataset: str, cache_dir: Optional[str] = None,
   Raises:
     ConfigError: see `scan`.
   """
-  from data import listing as cache  # pylint: disable=g-import-not-at-top
+  from engine.data import listing as cache  # pylint: disable=g-import-not-at-top
   root = os.path.abspath(root or root_of(dataset))
   found = cache.load(cache_dir, root)
   if found is None:
@@ -161,7 +161,7 @@ def source(config, split: str, flag: str, *, seed: int, training: bool,
   other directory (whole), their class lists checked to agree.
   """
   del num_workers, seed  # the order is fixed; the engine shuffles
-  from data import splits  # pylint: disable=g-import-not-at-top
+  from engine.data import splits  # pylint: disable=g-import-not-at-top
   root = root_of(config.dataset)
   both = split_dirs(os.path.abspath(root)) if os.path.isdir(root) else None
   if both is None:

@@ -29,7 +29,7 @@ def _mtimes(dirs):
 
 def load(cache_dir: Optional[str], root: str):
   """The cached Listing of `root`, or None (no cache, or the folder changed)."""
-  from data.folder import Listing  # pylint: disable=g-import-not-at-top
+  from engine.data.folder import Listing  # pylint: disable=g-import-not-at-top
   if not cache_dir:
     return None
   path = path_for(cache_dir, root)

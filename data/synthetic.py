@@ -11,7 +11,7 @@ with tfds split syntax (data/splits.py).
 import numpy as np
 import tensorflow as tf
 
-from data import splits
+from engine.data import splits
 
 _TEMPLATE_SIZE = 4    # class patterns are 4x4 colour grids, upsampled
 _SIGNAL = 0.6         # image = _SIGNAL * pattern + (1 - _SIGNAL) * noise
@@ -30,7 +30,7 @@ def images_for(indices, patterns, num_classes: int):
   The engine calls it on each worker's own rows of a batch only, so a
   worker makes 1/N of the images (data/decode.py's counter shows it).
   """
-  from data.decode import counter  # pylint: disable=g-import-not-at-top
+  from engine.data.decode import counter  # pylint: disable=g-import-not-at-top
   counter.count("synthetic", tf.shape(indices)[0])
   labels = tf.cast(indices % num_classes, tf.int32)
   size = patterns.shape[1]

@@ -21,10 +21,43 @@ environment variable: TensorFlow's oneDNN rewrites stay as TensorFlow sets
 them (on by default on x86 CPUs; engine/onednn.py says where the engine
 needs them off).
 """
+import os
 import sys
 
 # Whether TensorFlow was imported first: the run log and summary.json say so.
 _TENSORFLOW_FIRST = "tensorflow" in sys.modules
+
+
+class _CheckoutRegistries:
+  """engine.models and engine.data from a checkout: the folders models/ and
+  data/ beside this engine/ (the wheel installs them as engine/models and
+  engine/data; docs/design/packaging.md).
+
+  Only these two names, only from this checkout: a run of another checkout
+  (PYTHONPATH=/other/tree, as benchmarks' --baseline_tree does) gets that
+  tree's registries even when this environment's editable install maps
+  another one.
+  """
+  _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  _FOLDERS = {"engine.models": "models", "engine.data": "data"}
+
+  @classmethod
+  def find_spec(cls, fullname, path=None, target=None):
+    del path, target
+    folder = cls._FOLDERS.get(fullname)
+    if folder is None:
+      return None
+    import importlib.util  # pylint: disable=g-import-not-at-top
+    where = os.path.join(cls._ROOT, folder)
+    return importlib.util.spec_from_file_location(
+        fullname, os.path.join(where, "__init__.py"),
+        submodule_search_locations=[where])
+
+
+if (not os.path.isdir(os.path.join(os.path.dirname(__file__), "models")) and
+    os.path.isfile(os.path.join(_CheckoutRegistries._ROOT, "models",  # pylint: disable=protected-access
+                                "__init__.py"))):
+  sys.meta_path.insert(0, _CheckoutRegistries)
 
 # The public API, imported on first use (PEP 562), so that `import engine`
 # and the launcher (`python -m engine.launch`) do not load TensorFlow.

@@ -9,9 +9,9 @@ import pytest
 import tensorflow as tf
 
 from conftest import eval_batches, run_job, tiny_config, train_batches
-from data import augment
 import engine
 from engine.core import checkpoint
+from engine.data import augment
 from engine.errors import ConfigError
 
 AUG = dict(augment="flip,crop", eval_split="train[:40]")

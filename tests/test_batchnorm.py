@@ -177,7 +177,7 @@ def _mobilenet_gradients(fused, policy="float32", weights=None):
   initial weights."""
   import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from models import create_model  # pylint: disable=g-import-not-at-top
+  from engine.models import create_model  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(0)
   x = rng.random((8, 32, 32, 3))
   y = tf.constant(rng.integers(0, 10, 8))

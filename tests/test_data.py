@@ -8,7 +8,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from conftest import run_job, tiny_config, train_batches
-from data import export, folder
+from engine.data import export, folder
 from engine.errors import ConfigError
 
 CLASSES = ("cat", "dog", "fox")
@@ -38,7 +38,7 @@ def test_folder_listing_is_sorted_interleaved_and_splits_partition(pets):
   assert listing.paths[4].endswith("dog/0001.png")
   assert {os.path.splitext(p)[1] for p in listing.paths} == {
       ".jpg", ".png", ".bmp"}
-  from data import splits  # pylint: disable=g-import-not-at-top
+  from engine.data import splits  # pylint: disable=g-import-not-at-top
   train_pos = splits.select("train[:75%]", 48, "train_split")
   eval_pos = splits.select("train[75%:]", 48, "eval_split")
   assert len(train_pos) == 36 and len(eval_pos) == 12

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import models
 from conftest import eval_batches, read_scalars, run_job, tiny_config
+from engine import models
 from engine.core import evaluate, inputs
 from engine.distribute import devices
 from engine.errors import ConfigError

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import engine
-import models
 from conftest import ROOT, engine_cmd, run_job, tiny_config
+import engine
+from engine import models
 from engine.core import init_weights
 from engine.errors import ConfigError
 from engine.tasks import image_classification

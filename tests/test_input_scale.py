@@ -17,8 +17,8 @@ import pytest
 import tensorflow as tf
 
 from conftest import ROOT, engine_cmd, run_job, tiny_config
-from data import decode, export, folder
 from engine.core import inputs
+from engine.data import decode, export, folder
 from engine.distribute import devices
 from engine.errors import ConfigError
 from engine.tasks import image_classification

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import models
 from conftest import run_job, tiny_config, train_batches
-from data import export, tfds_data
+from engine import models
+from engine.data import export, tfds_data
 from test_eval import keras_evaluate
 from test_multi_worker import check_two_worker_run, launch, tiny_flags
 

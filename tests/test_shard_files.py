@@ -13,8 +13,8 @@ import pytest
 import tensorflow as tf
 
 from conftest import ROOT, engine_cmd, run_job, tiny_config
-from data import decode
-from engine.core import inputs
+from engine.core import inputs, sharded_inputs
+from engine.data import decode
 from engine.errors import ConfigError
 # The 4-file tfds set and the clean folder it is made from.
 from test_input_scale import images, tfds_dir  # noqa: F401  pylint: disable=unused-import
@@ -28,14 +28,24 @@ class _FirstSteps(inputs.TrainData):
   """TrainData whose worker batches end after STEPS, so that a worker's
   pipeline can be read to its end: no read-ahead is left uncounted (nor
   read past STEPS: tf.data would otherwise make the numbering map parallel,
-  reading ahead of `take`)."""
+  reading ahead of `take`). Each record of the worker's own files is counted
+  ("records") as it enters the worker's batches."""
 
   def worker_items(self, context, start_step=0):
+    own = sharded_inputs.own_examples(self._examples, context)
+    items = sharded_inputs.worker_items(
+        own.map(_counted), sharded_inputs.count(own), context=context,
+        global_batch=GLOBAL_BATCH, seed=7,
+        shuffle_buffer=self._data.shuffle_buffer, start_step=start_step)
     options = tf.data.Options()
     options.experimental_optimization.map_parallelization = False
     options.experimental_optimization.inject_prefetch = False
-    return super().worker_items(context, start_step).take(STEPS).with_options(
-        options)
+    return items.take(STEPS).with_options(options)
+
+
+def _counted(*example):
+  decode.counter.count("records", tf.constant(1))
+  return example
 
 
 def _job(data_dir, **kw):

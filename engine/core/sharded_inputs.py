@@ -19,7 +19,6 @@ batches before s in it, as the default path does.
 import tensorflow as tf
 from tensorflow.python.distribute import input_ops  # pylint: disable=g-direct-tensorflow-import
 
-from data import decode
 from engine.errors import flag_error
 
 _FILE = tf.data.experimental.AutoShardPolicy.FILE
@@ -82,8 +81,6 @@ def worker_items(examples: tf.data.Dataset, num_examples: int, *,
         f"its share of the global batch ({batch}); lower "
         "--batch_size_per_replica or drop --shard_files.")
   first_epoch = start_step // per_epoch
-  if decode.counter.enabled:  # records read from the source, for tests
-    examples = examples.map(_counted)
 
   def epoch(e):
     ds = examples
@@ -99,8 +96,3 @@ def worker_items(examples: tf.data.Dataset, num_examples: int, *,
   positions = tf.range(worker * batch, (worker + 1) * batch, dtype=tf.int64)
   return ds.enumerate(start=start_step).map(
       lambda step, b: (b, (tf.fill([batch], step), positions)))
-
-
-def _counted(*example):
-  decode.counter.count("records", tf.constant(1))
-  return example

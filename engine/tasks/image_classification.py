@@ -2,8 +2,9 @@
 
 `python -m engine.main` is this task on the public API, exactly the path a
 user's own script takes (engine/cli.py). The model comes from `models/`
-(`--model`), the examples from `data/` (`--dataset`: synthetic, folder:/path
-or a TensorFlow Datasets name), the loss and metrics from
+(imported as engine.models; `--model`), the examples from `data/`
+(engine.data; `--dataset`: synthetic, folder:/path or a TensorFlow Datasets
+name), the loss and metrics from
 engine/classification.py (cross-entropy; accuracy, and top-5 accuracy when
 there are more than 5 classes).
 
@@ -18,12 +19,12 @@ from typing import Dict, Optional, Tuple
 
 from absl import flags
 
-import models
 from engine import cli
+from engine import models
 from engine.errors import flag_error
 from engine.task import Task
 
-# TensorFlow, `data` and engine.classification are imported where they are
+# TensorFlow, engine.data and engine.classification are imported where they are
 # used: this module (the flags, the config and its checks) loads without
 # TensorFlow, so `python -m engine.main` refuses a bad flag in a fraction of
 # a second.
@@ -154,12 +155,12 @@ class ImageClassification(Task):
       self._signed = init_lib.is_legacy_h5(init_weights)
     self._listing_dir = listing_dir
     self._chief = True  # worker 0 writes the listing cache
-    self._sources: Dict[str, "data.Source"] = {}
+    self._sources: Dict[str, "engine.data.Source"] = {}
     self._patterns = None
 
-  def _source(self, split: str, workers: int = 1) -> Optional["data.Source"]:
+  def _source(self, split: str, workers: int = 1) -> Optional["engine.data.Source"]:
     """The split's Source, read once ("train" or "eval")."""
-    import data  # pylint: disable=g-import-not-at-top
+    from engine import data  # pylint: disable=g-import-not-at-top
     if split not in self._sources:
       config, expression = self._split_plan(split)
       if not expression:
@@ -170,7 +171,7 @@ class ImageClassification(Task):
           listing_dir=self._listing_dir, chief=self._chief,
           strict=self.config.strict_images)
       if split == "eval" and self.config.eval_dataset:
-        from data import folder  # pylint: disable=g-import-not-at-top
+        from engine.data import folder  # pylint: disable=g-import-not-at-top
         folder.check_same_classes(
             self.class_names, found.class_names, "eval_dataset",
             self.config.eval_dataset, (self.config.dataset,
@@ -186,7 +187,7 @@ class ImageClassification(Task):
     if config.eval_dataset:
       return (dataclasses.replace(config, dataset=config.eval_dataset),
               config.eval_split or "train")
-    from data import folder  # pylint: disable=g-import-not-at-top
+    from engine.data import folder  # pylint: disable=g-import-not-at-top
     root = folder.root_of(config.dataset)
     if (folder.is_folder(config.dataset) and os.path.isdir(root) and
         folder.split_dirs(root)):
@@ -213,7 +214,7 @@ class ImageClassification(Task):
       return None
     if self.config.dataset == "synthetic" and self._patterns is None:
       # Made here, eagerly: the per-batch map below only looks them up.
-      from data import synthetic  # pylint: disable=g-import-not-at-top
+      from engine.data import synthetic  # pylint: disable=g-import-not-at-top
       self._patterns = tf.constant(synthetic.class_patterns(
           self.config.num_classes, self.config.image_size, self._seed))
     examples = found.examples
@@ -235,11 +236,11 @@ class ImageClassification(Task):
     kind = self._source("train" if training else "eval").kind
     keep = None
     if kind == "synthetic":
-      from data import synthetic  # pylint: disable=g-import-not-at-top
+      from engine.data import synthetic  # pylint: disable=g-import-not-at-top
       features, labels = synthetic.images_for(features, self._patterns,
                                               self.config.num_classes)
     elif kind != "images":  # "images": --cache, decoded before batching
-      from data import decode  # pylint: disable=g-import-not-at-top
+      from engine.data import decode  # pylint: disable=g-import-not-at-top
       features, labels, keep = decode.decode_rows(
           features, labels, self.config.image_size,
           from_files=kind == "files", strict=self.config.strict_images,
@@ -251,7 +252,7 @@ class ImageClassification(Task):
   def augment_batch(self, features, labels, step, positions):
     if not self._augment:
       return features, labels
-    from data import augment  # pylint: disable=g-import-not-at-top
+    from engine.data import augment  # pylint: disable=g-import-not-at-top
     return augment.augment(features, step, positions, self._seed,
                            self._augment), labels
 
@@ -312,7 +313,7 @@ def from_flags(config, flag_values=flags.FLAGS) -> ImageClassification:
 def _split_folder(dataset: str) -> bool:
   """Whether `dataset` is a folder:/path with train/ + val/ (or test/).
 
-  data.folder.split_dirs's rule, restated here because data/ imports
+  engine.data.folder.split_dirs's rule, restated here because data/ imports
   TensorFlow and this module's flag checks must not.
   """
   root = dataset[len("folder:"):]
