@@ -68,6 +68,8 @@ _API = {
     "ReportingConfig": "engine.config",
     "InitializationConfig": "engine.config",
     "ClusterError": "engine.errors", "ConfigError": "engine.errors",
+    "Diverged": "engine.errors", "ExitCode": "engine.errors",
+    "Preempted": "engine.errors", "ResourceStop": "engine.errors",
     "Hook": "engine.core.hooks", "Rows": "engine.core.hooks",
     "Result": "engine.core.run", "run": "engine.core.run",
     "configure_host": "engine.distribute.devices",

@@ -21,10 +21,11 @@ script's own, and skips any name the script already defined: your
 `--learning_rate` or `--seed` stays yours, and the engine's field keeps its
 default (set it in `make_task` by returning `(task, config.replace(...))`).
 
-Outcomes, as README's exit-code table says: 0 done; 2 bad input (one line on
-stderr, before any training; absl's own flag errors too); 3 a lost peer or a
-stuck collective; 4 training diverged; 5 a host resource ran out (a
-checkpoint saved where one could be); 75 preempted (checkpoint saved).
+Outcomes: the exit codes of engine/errors.py's `ExitCode` (its table is
+docs/reference/exit-codes.md): 0 done; 2 bad input (one line on stderr,
+before any training; absl's own flag errors too); 3 a lost peer or a stuck
+collective; 4 training diverged; 5 a host resource ran out (a checkpoint
+saved where one could be); 75 preempted (checkpoint saved).
 """
 import dataclasses
 import inspect
@@ -37,11 +38,8 @@ from absl import flags
 from absl import logging
 
 from engine import config as config_lib
-from engine.errors import ClusterError, ConfigError, flag_error
-
-EXIT_BAD_INPUT = 2
-EXIT_CLUSTER = 3
-EXIT_DIVERGED = 4
+from engine.errors import ClusterError, ConfigError, Diverged, ExitCode
+from engine.errors import Preempted, ResourceStop, flag_error
 
 _ENUMS = {
     "strategy": config_lib.STRATEGIES,
@@ -287,10 +285,10 @@ def parse_flags(argv):
     return flags.FLAGS(argv)
   except flags.Error as e:
     # absl prefixes some messages ("ERROR:: Unable to open flagfile: ...").
-    fail(str(e).removeprefix("ERROR:: ").strip(), EXIT_BAD_INPUT)
+    fail(str(e).removeprefix("ERROR:: ").strip(), ExitCode.BAD_INPUT)
 
 
-def fail(message: str, code: int = EXIT_BAD_INPUT):
+def fail(message: str, code: int = ExitCode.BAD_INPUT):
   logging.flush()
   print(f"error: {message}", file=sys.stderr, flush=True)
   sys.exit(code)
@@ -317,7 +315,7 @@ def main(make_task: MakeTask, argv, *, callbacks=()) -> None:
   try:
     config = config_from_flags()
   except ConfigError as e:
-    fail(str(e), EXIT_BAD_INPUT)
+    fail(str(e), ExitCode.BAD_INPUT)
   # Before TensorFlow reads it: oneDNN off for the one combination it
   # computes wrong (engine/onednn.py).
   from engine import onednn  # pylint: disable=g-import-not-at-top
@@ -325,9 +323,8 @@ def main(make_task: MakeTask, argv, *, callbacks=()) -> None:
   # Imported only now: a bad flag is refused without loading TensorFlow, and
   # the engine's environment defaults (engine/__init__.py) are already set.
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from engine.core import checkpoint  # pylint: disable=g-import-not-at-top
   from engine.core.run import run as run_task  # pylint: disable=g-import-not-at-top
-  from engine.distribute import cluster, devices, resources  # pylint: disable=g-import-not-at-top
+  from engine.distribute import cluster, devices  # pylint: disable=g-import-not-at-top
   try:
     # SIGTERM before the first step (from then on engine/core/preemption.py
     # only notes it, to save at an agreed step) exits through SystemExit, so
@@ -339,21 +336,18 @@ def main(make_task: MakeTask, argv, *, callbacks=()) -> None:
     task, config = made if isinstance(made, tuple) else (made, config)
     run_task(task, config, callbacks=(callbacks(config) if callable(callbacks)
                                       else callbacks))
-  except checkpoint.Preempted as e:
+  except Preempted as e:
     logging.flush()
     print(f"preempted: {e}", file=sys.stderr)
-    sys.exit(checkpoint.PREEMPTED_EXIT_CODE)
-  except checkpoint.ResourceStop as e:
-    fail(str(e), resources.RESOURCE_EXIT_CODE)
-  except FloatingPointError as e:
+    sys.exit(e.exit_code)
+  except Diverged as e:
     fail(f"training diverged: {e}; the latest checkpoint in "
          f"{config.checkpoints.model_dir}/checkpoints holds the last finite "
-         "weights. Lower --learning_rate.", EXIT_DIVERGED)
-  except ConfigError as e:
-    fail(str(e), EXIT_BAD_INPUT)
-  except ClusterError as e:
-    # A lost peer or a stuck collective, named by engine/distribute/hang.py.
-    fail(str(e), EXIT_CLUSTER)
+         "weights. Lower --learning_rate.", e.exit_code)
+  except (ConfigError, ClusterError, ResourceStop) as e:
+    # ClusterError: a lost peer or a stuck collective, named by
+    # engine/distribute/hang.py.
+    fail(str(e), e.exit_code)
   except (MemoryError, tf.errors.ResourceExhaustedError) as e:
     # Raised inside a step, whose update may be half applied: no new
     # checkpoint; a rerun resumes from the latest one.
@@ -361,10 +355,9 @@ def main(make_task: MakeTask, argv, *, callbacks=()) -> None:
     fail(f"out of memory ({type(e).__name__}: "
          f"{text[-1] if text else 'no details'}); the latest checkpoint in "
          f"{config.checkpoints.model_dir}/checkpoints is intact. Lower "
-         "--batch_size_per_replica or free memory.",
-         resources.RESOURCE_EXIT_CODE)
+         "--batch_size_per_replica or free memory.", ExitCode.RESOURCE)
   except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
           tf.errors.CancelledError, tf.errors.AbortedError) as e:
     # A collective failed: a peer died or hung. One line, non-zero exit.
     fail(cluster.failure_line(e, config.distribution.collective_timeout),
-         EXIT_CLUSTER)
+         ExitCode.CLUSTER)

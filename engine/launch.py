@@ -29,11 +29,12 @@ import tempfile
 import threading
 import time
 
+from engine.errors import ExitCode  # no TensorFlow: the launcher stays light
+
 # How long stopped workers get to exit after SIGTERM before SIGKILL.
 _GRACE_SECONDS = 10.0
-# A worker's exit status after a coordinated preemption checkpoint (the
-# engine's checkpoint.PREEMPTED_EXIT_CODE; not imported: that pulls in TF).
-PREEMPTED = 75
+# A worker's exit status after a coordinated preemption checkpoint.
+PREEMPTED = ExitCode.PREEMPTED
 
 
 def free_ports(n: int, host: str = "127.0.0.1"):
@@ -107,14 +108,14 @@ def _preempted(procs, pumps, timeout: float, interrupted, cause: str) -> int:
           f"step; exiting with {PREEMPTED}. Run the same command again to "
           "resume.", file=sys.stderr, flush=True)
     return PREEMPTED
-  if all(c == 0 for c in codes):  # the run ended before the stop took effect
+  if all(c == ExitCode.DONE for c in codes):  # ended before the stop did
     print(f"launcher: all {len(procs)} workers succeeded.", file=sys.stderr,
           flush=True)
-    return 0
+    return ExitCode.DONE
   print(f"launcher: preemption failed, worker exit codes {codes} (None: "
         f"still running after {timeout:g} s, then killed); the latest "
         "checkpoint may be older.", file=sys.stderr, flush=True)
-  return 128 + interrupted[0] if interrupted else 1
+  return 128 + interrupted[0] if interrupted else ExitCode.FAILED
 
 
 def launch(num_workers: int, engine_flags, cpu_pinning: bool = False,
@@ -126,7 +127,7 @@ def launch(num_workers: int, engine_flags, cpu_pinning: bool = False,
   if cpu_pinning and len(cores) < num_workers:
     print(f"error: --cpu_pinning needs {num_workers} cores, this process may "
           f"use {len(cores)}.", file=sys.stderr)
-    return 2
+    return ExitCode.BAD_INPUT
   lock = threading.Lock()
   procs, pumps = [], []
   scratch = tempfile.mkdtemp(prefix="tfengine_launch_")
@@ -176,13 +177,13 @@ def launch(num_workers: int, engine_flags, cpu_pinning: bool = False,
           t.join(2)
         print(f"launcher: worker {i} exited with code {code}; stopped the "
               "others.", file=sys.stderr, flush=True)
-        return 1
-      if all(c == 0 for c in codes):
+        return ExitCode.FAILED
+      if all(c == ExitCode.DONE for c in codes):
         for t in pumps:
           t.join(2)
         print(f"launcher: all {num_workers} workers succeeded.",
               file=sys.stderr, flush=True)
-        return 0
+        return ExitCode.DONE
       time.sleep(0.2)
   finally:
     for s, h in old.items():
@@ -203,7 +204,7 @@ def launch_with_restarts(num_workers: int, engine_flags, cpu_pinning: bool,
   for attempt in range(max_restarts + 1):
     code = launch(num_workers, engine_flags, cpu_pinning, preempt_timeout,
                   module, script)
-    if code in (0, 2, PREEMPTED) or code >= 128:
+    if code in (ExitCode.DONE, ExitCode.BAD_INPUT, PREEMPTED) or code >= 128:
       return code
     if attempt < max_restarts:
       print(f"launcher: restart {attempt + 1}/{max_restarts}: starting all "
@@ -221,7 +222,7 @@ class _Parser(argparse.ArgumentParser):
   def error(self, message):
     print(f"error: {message} (see python -m engine.launch --help)",
           file=sys.stderr)
-    sys.exit(2)
+    sys.exit(ExitCode.BAD_INPUT)
 
 
 def main(argv=None) -> int:

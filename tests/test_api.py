@@ -5,6 +5,7 @@ loss, a kernel and an activity regularizer, 37 examples (partial batches).
 """
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -34,10 +35,59 @@ def config(tmp_path, replicas, **kw):
       export=False, model_dir=str(tmp_path / f"r{replicas}"), **kw)
 
 
+class _Recorder(engine.Hook):
+  """A user's hook: what it hears, in order."""
+
+  def __init__(self):
+    self.events = []
+
+  def begin(self, step):
+    self.events.append(("begin", step))
+
+  def on_eval(self, step, metrics):
+    self.events.append(("eval", step, dict(metrics)))
+
+  def close(self):
+    self.events.append(("close",))
+
+  def end(self, summary):
+    self.events.append(("end", summary["global_step"]))
+
+
+_RECORDER = _Recorder()
+
+
 @pytest.fixture(scope="module")
 def one_replica(tmp_path_factory):
   return engine.run(user_task.make_task(),
-                    config(tmp_path_factory.mktemp("one"), 1))
+                    config(tmp_path_factory.mktemp("one"), 1),
+                    hooks=[_RECORDER])
+
+
+def test_a_users_hook_hears_every_evaluation_and_the_end(one_replica):
+  # 37 examples, global batch 16: epochs end at steps 3 and 6 (the last).
+  events = _RECORDER.events
+  assert [e[:2] for e in events] == [("begin", 0), ("eval", 3), ("eval", 6),
+                                     ("close",), ("end", 6)]
+  for _, _, metrics in events[1:3]:
+    assert set(metrics) == {"eval_loss", "eval_accuracy", "eval_examples"}
+    assert metrics["eval_examples"] == 20
+  assert events[1][2]["eval_loss"] != events[2][2]["eval_loss"]  # it trained
+  summary = one_replica.summary
+  assert events[2][2] == {k: summary[k] for k in events[2][2]}
+
+
+class _Preempt(engine.Hook):
+  def after_loop(self, step, rows, seconds):
+    if step == 1:  # the first host call runs one step
+      os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_preempted_is_caught_from_the_public_api(tmp_path):
+  with pytest.raises(engine.Preempted, match="SIGTERM at step 1; ") as caught:
+    engine.run(user_task.make_task(), config(tmp_path, 1), hooks=[_Preempt()])
+  assert caught.value.exit_code == engine.ExitCode.PREEMPTED == 75
+  assert os.path.exists(tmp_path / "r1" / "checkpoints" / "ckpt-1.index")
 
 
 def test_importing_the_engine_defines_no_flag_and_yields_to_the_script():

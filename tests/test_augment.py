@@ -10,7 +10,6 @@ import tensorflow as tf
 
 from conftest import eval_batches, run_job, tiny_config, train_batches
 import engine
-from engine.core import checkpoint
 from engine.data import augment
 from engine.errors import ConfigError
 
@@ -134,7 +133,7 @@ def test_resume_with_the_whole_recipe_is_exact(tmp_path):
   # epoch's end. Host calls end at steps 1, 3, 5, 6, 8: a SIGTERM after step
   # 5 (mid-epoch) preempts the run there, as a scheduler would; the same
   # command then resumes it.
-  with pytest.raises(checkpoint.Preempted, match="SIGTERM at step 5; "):
+  with pytest.raises(engine.Preempted, match="SIGTERM at step 5; "):
     run_job(tiny_config(train_steps=8, model_dir=part_dir, **kw),
             hooks=[_SigtermAt(5)])
   rest = run_job(tiny_config(train_steps=8, model_dir=part_dir, **kw))

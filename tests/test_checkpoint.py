@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import ROOT, engine_cmd, run_job, tiny_config
-from engine.core import checkpoint
+import engine
 from engine.errors import ConfigError
 
 
@@ -125,7 +125,7 @@ def test_sigterm_then_sigkills_while_saving_leave_a_checkpoint_to_resume(
   _wait_for_step(proc, 10)
   proc.send_signal(signal.SIGTERM)
   code, err = _finish(proc)
-  assert code == checkpoint.PREEMPTED_EXIT_CODE, err[-2000:]
+  assert code == engine.ExitCode.PREEMPTED, err[-2000:]
   reached = int(err.split("SIGTERM at step ")[1].split(";")[0])
   assert reached >= 10 and _latest_step(tmp_path) == reached
   saved = reached

@@ -18,7 +18,8 @@ import pytest
 import tensorflow as tf
 
 from conftest import run_job, tiny_config, train_batches
-from engine.core import checkpoint, hooks, run, step
+import engine
+from engine.core import hooks, run, step
 from engine.core.optimizers import create_optimizer
 from engine.distribute import devices
 from engine.task import metric_fns
@@ -78,7 +79,7 @@ def test_signal_on_mirrored_saves_at_the_boundary_reached(tmp_path, signum,
   before = signal.getsignal(signum)
   # Host calls end at steps 1, 4, 7, ...: the signal after step 4 is acted on
   # at that same boundary, on both replicas.
-  with pytest.raises(checkpoint.Preempted,
+  with pytest.raises(engine.Preempted,
                      match=f"{signal.Signals(signum).name} at step 4; "):
     run_job(tiny_config(cpu_devices=2, train_steps=30,
                             preemption_sync=sync, model_dir=str(tmp_path)),
@@ -163,7 +164,7 @@ def test_sigterm_to_a_worker_then_to_the_launcher_resumes_exactly(tmp_path):
   model_dir = tmp_path / "m"
   text, code = _launch_and_preempt(model_dir, tmp_path / "a.log", "worker",
                                    10)
-  assert code == checkpoint.PREEMPTED_EXIT_CODE, text[-3000:]
+  assert code == engine.ExitCode.PREEMPTED, text[-3000:]
   reasons, first = _agreed_step(text, model_dir)
   assert reasons == {0: "stop requested by another worker", 1: "SIGTERM"}
   assert re.search(r"launcher: worker \d exited with 75 \(preempted\)", text)
@@ -172,7 +173,7 @@ def test_sigterm_to_a_worker_then_to_the_launcher_resumes_exactly(tmp_path):
   # The same command again resumes; now the launcher gets the SIGTERM.
   text, code = _launch_and_preempt(model_dir, tmp_path / "b.log", "launcher",
                                    (first // 5 + 2) * 5)
-  assert code == checkpoint.PREEMPTED_EXIT_CODE, text[-3000:]
+  assert code == engine.ExitCode.PREEMPTED, text[-3000:]
   assert f"Resumed from {model_dir}/checkpoints/ckpt-{first} at step {first}." in text
   reasons, second = _agreed_step(text, model_dir)
   # Forwarded to both; one may already be in the exchange that its peer's

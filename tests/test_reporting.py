@@ -60,10 +60,10 @@ def test_a_run_with_evaluation_writes_the_eval_run(tmp_path):
       result.summary["eval_accuracy"])
 
 
-def test_write_eval_writes_the_eval_run(tmp_path):
+def test_on_eval_writes_the_eval_run(tmp_path):
   hook = summaries.SummaryHook(str(tmp_path), NAMES, enabled=True, every=0)
-  hook.write_eval(10, {"eval_loss": 0.5, "eval_accuracy": 0.75})
-  hook.write_eval(20, {"eval_loss": 0.25, "eval_accuracy": 0.875})
+  hook.on_eval(10, {"eval_loss": 0.5, "eval_accuracy": 0.75})
+  hook.on_eval(20, {"eval_loss": 0.25, "eval_accuracy": 0.875})
   hook.end({})
   assert read_scalars(tmp_path / "eval") == {
       "loss": {10: 0.5, 20: 0.25}, "accuracy": {10: 0.75, 20: 0.875}}
@@ -73,7 +73,7 @@ def test_write_eval_writes_the_eval_run(tmp_path):
 def test_non_chief_writes_no_event_files(tmp_path):
   hook = summaries.SummaryHook(str(tmp_path), NAMES, enabled=False, every=1)
   hook.after_loop(1, Rows(NAMES, np.ones((1, 5), np.float32)), 0.5)
-  hook.write_eval(1, {"eval_loss": 0.5})
+  hook.on_eval(1, {"eval_loss": 0.5})
   hook.end({})
   assert os.listdir(tmp_path) == []
 

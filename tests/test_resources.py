@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import run_job, tiny_config
-from engine.core import checkpoint
+import engine
 from engine.distribute import resources
 from benchmarks.soak import judge
 
@@ -62,7 +62,7 @@ def test_a_resource_near_its_limit_stops_with_a_checkpoint(tmp_path,
   # Any process is past 90% of a one-thread limit: the first host call asks
   # to stop, and every replica agrees through the stop exchange.
   monkeypatch.setattr(resources, "limits", lambda: {"threads": 1})
-  with pytest.raises(checkpoint.ResourceStop,
+  with pytest.raises(engine.ResourceStop,
                      match=r"^host resource nearly exhausted at step 1: "
                      r"threads \d+ of a limit of 1 \(stopping at 90%\); "
                      r"checkpoint saved at step 1\. Rerun"):

@@ -18,21 +18,9 @@ from absl import logging
 import tensorflow as tf
 
 from engine.core.hooks import Hook, every
-from engine.errors import ConfigError, flag_error
+from engine.errors import ExitCode, Preempted, ResourceStop, flag_error
 
-# Exit status after a SIGTERM/SIGINT that saved a checkpoint: EX_TEMPFAIL,
-# "try again", so schedulers and engine.launch know the run can resume.
-PREEMPTED_EXIT_CODE = 75
 _SHAPE_KEYS = ("num_replicas", "global_batch_size")
-
-
-class Preempted(Exception):
-  """Raised after a signal-triggered checkpoint; `main` exits with code 75."""
-
-
-class ResourceStop(Exception):
-  """Raised after the checkpoint of a stop for a host resource (threads,
-  memory, open files; engine/distribute/resources.py); the CLI exits with 5."""
 
 
 def run_identity(described: dict, replicas: int, global_batch: int) -> dict:
@@ -191,7 +179,7 @@ class CheckpointHook(Hook):
                          "the same command to resume.")
     if reason:
       raise Preempted(f"{reason} at step {step}; checkpoint saved, exit code "
-                      f"{PREEMPTED_EXIT_CODE}.")
+                      f"{int(ExitCode.PREEMPTED)}.")
 
   def end(self, summary):
     if self._last_saved != summary["global_step"]:

@@ -106,7 +106,7 @@ def evaluate_checkpoint(task: Task, config: Config, setup, path: str,
     cluster.stop_watchdog()
   writer = summaries.SummaryHook(setup.output_dir, (), enabled=setup.chief,
                                  every=0)
-  writer.write_eval(global_step, results)
+  writer.on_eval(global_step, results)
   summary = {
       "mode": "eval", "checkpoint": path, "global_step": global_step,
       "ema": averages is not None, **results,

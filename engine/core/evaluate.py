@@ -154,8 +154,9 @@ class Evaluator:
 class EvalHook(Hook):
   """Evaluates every `eval_every` steps (0: each epoch's end) and at the end.
 
-  `results` keeps (step, metrics) per evaluation, for anything that reports
-  them later (e.g. summaries); the last one goes into summary.json.
+  `on_result(step, metrics)` gets each evaluation (engine.run passes every
+  hook's `Hook.on_eval`, this one's too); the last one goes into
+  summary.json.
   `weights()` is entered around each pass: with --ema_decay it puts the
   averaged weights in (engine/core/ema.py).
   """
@@ -169,7 +170,7 @@ class EvalHook(Hook):
     self._weights = weights
     self._every = eval_every
     self._total = total_steps
-    self._on_result = on_result  # e.g. the TensorBoard eval writer
+    self._on_result = on_result
     # summary.json's eval keys when there is no evaluator (all null).
     self._keys = tuple(keys)
     self.results = []

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from engine.core import inputs
 from engine.core.hooks import Rows
-from engine.errors import ConfigError
+from engine.errors import ConfigError, Diverged
 
 
 def train(state, steps_per_loop: int, hook_list, watch, stop):
@@ -54,7 +54,7 @@ def train(state, steps_per_loop: int, hook_list, watch, stop):
     # NaN guard: raised before any hook, so no non-finite weights are saved.
     bad = np.flatnonzero(~np.isfinite(out[:, [loss_at, norm_at]]).all(axis=1))
     if bad.size:
-      raise FloatingPointError(
+      raise Diverged(
           f"loss {out[bad[0], loss_at]}, gradient norm {out[bad[0], norm_at]}"
           f" at step {done + bad[0] + 1}")
     done += n

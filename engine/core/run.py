@@ -32,6 +32,7 @@ from engine.core import callbacks as callbacks_lib
 from engine.core import ema as ema_lib
 from engine.core import host_loop, init_weights, iterators, preemption
 from engine.core import schedules, step
+from engine.core import hooks as hooks_lib
 from engine.core.hooks import Hook
 from engine.core.optimizers import create_optimizer
 from engine.distribute import cluster, comm, devices, hang, memory, resources
@@ -135,15 +136,18 @@ def run(task: Task, config: Config, *, hooks: Sequence[Hook] = (),
   Args:
     task: what to train.
     config: how to train it.
-    hooks: more `Hook`s, called after every host call (e.g. a timer).
+    hooks: more `Hook`s (engine/core/hooks.py declares their events): after
+      every host call, after each evaluation (`on_eval`), at the end.
     callbacks: Keras callbacks, called at host-call boundaries
       (engine/core/callbacks.py).
 
-  Raises:
+  Raises (engine/errors.py; the CLI's exit code in brackets):
     ConfigError: a bad device, data set, output directory or task mistake,
-      found before training.
-    ClusterError: a lost peer or a stuck collective (engine/distribute/hang.py).
-    FloatingPointError: the loss or gradient norm became NaN or infinite.
+      found before training [2].
+    ClusterError: a lost peer or a stuck collective [3].
+    Diverged: the loss or gradient norm became NaN or infinite [4].
+    ResourceStop: a host resource nearly ran out; checkpoint saved [5].
+    Preempted: SIGTERM/SIGINT on a worker; checkpoint saved [75].
   """
   callbacks = callbacks_lib.check(callbacks)
   if config.loop.mode == "eval":
@@ -175,14 +179,10 @@ def _train(task: Task, config: Config, setup: _Setup, state: _State,
       name_stuck=cluster.stuck_peers_line) as watch:
     stop = preemption.StopAgreement(exchanged=_exchanged(config, setup))
     state.callbacks = callbacks
-    hook_list, closers = _make_hooks(task, config, setup, state, watch, hooks,
-                                     stop)
-    try:
+    hook_list = _make_hooks(task, config, setup, state, watch, hooks, stop)
+    with hooks_lib.closing(hook_list):
       history, steady, stopped = host_loop.train(
           state, config.loop.steps_per_loop, hook_list, watch, stop)
-    finally:
-      for close in closers:
-        close()
     cluster.stop_watchdog()  # the last collective is done; peers may exit
     summary = _summarize(task, config, setup, state, history, steady)
     summary.update(stopped)
@@ -369,7 +369,8 @@ def _exchanged(config: Config, setup: _Setup) -> bool:
 
 def _make_hooks(task: Task, config: Config, setup: _Setup, state: _State,
                 watch, extra: Sequence[Hook], stop):
-  """The run's hooks in the order they act, and what to close at the end."""
+  """The run's hooks in the order they act; each evaluation goes to all."""
+  hook_list = []  # filled below; the evaluation hook calls their on_eval
   ckpt_hook = checkpoint.CheckpointHook(
       state.checkpointer, config.checkpoints.checkpoint_every, stop)
   # Before the checkpoint hook: on one worker a stop it asks for is acted on
@@ -380,24 +381,22 @@ def _make_hooks(task: Task, config: Config, setup: _Setup, state: _State,
       profile_dir=_profile_dir(config, setup), start_step=state.start_step,
       total_steps=state.total_steps,
       steps_per_epoch=state.data.steps_per_epoch, names=state.names)
-  after_eval = [reporting.eval_writer(report_hooks)]
   eval_hook = _eval_hook(task, config, setup, state, watch,
-                         lambda s, m: [f(s, m) for f in after_eval])
+                         hooks_lib.eval_listeners(hook_list))
   best_hook = _best_hook(task, config, setup, state)
   callback_hook = callbacks_lib.make_hook(
       state.callbacks, state.model, stop=stop, start_step=state.start_step,
       total_steps=state.total_steps,
       steps_per_epoch=state.data.steps_per_epoch)
-  # After the eval hook, which hands them each evaluation.
   loop_hooks = [h for h in (best_hook, callback_hook) if h is not None]
-  after_eval += [h.on_eval for h in loop_hooks]
   comm_hook = comm.CommHook(config.distribution, config.optimization,
                             config.data.batch_size_per_replica,
                             state.optimizer, state.model.trainable_variables,
                             setup.replicas)
-  hook_list = [*report_hooks, *extra, eval_hook, *loop_hooks, comm_hook,
-               memory.TrimHook(setup.malloc_tuned), resource_hook, ckpt_hook]
-  return hook_list, [ckpt_hook.close, lambda: reporting.close(hook_list)]
+  hook_list.extend([*report_hooks, *extra, eval_hook, *loop_hooks, comm_hook,
+                    memory.TrimHook(setup.malloc_tuned), resource_hook,
+                    ckpt_hook])
+  return hook_list
 
 
 def _eval_hook(task, config, setup, state, watch, on_result):

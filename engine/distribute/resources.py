@@ -8,7 +8,7 @@ once per `_SAMPLE_SECONDS`, from /proc: tens of microseconds) and compares it
 with the limits that apply to it. When one reaches `_HEADROOM` of its limit,
 the hook asks the preemption agreement (engine/preemption.py) to stop: every
 worker saves a checkpoint at the same step and the run ends with one line and
-exit code 5 (`RESOURCE_EXIT_CODE`), resumable like a preemption.
+exit code 5 (engine/errors.py's `ResourceStop`), resumable like a preemption.
 
 summary.json gets the first, largest and last reading of each (keys
 `host_threads`, `host_rss_mib`, `host_open_files`), so a leak shows in any
@@ -25,7 +25,6 @@ from absl import logging
 
 from engine.core.hooks import Hook
 
-RESOURCE_EXIT_CODE = 5
 _HEADROOM = 0.9
 _SAMPLE_SECONDS = 1.0
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096

@@ -38,19 +38,6 @@ def make_hooks(config: ReportingConfig, *, chief: bool, output_dir: str,
   return hook_list
 
 
-def eval_writer(hook_list):
-  """The summary hook's `write_eval(step, metrics)`, for the EvalHook."""
-  return next(h.write_eval for h in hook_list
-              if isinstance(h, summaries.SummaryHook))
-
-
-def close(hook_list) -> None:
-  """Stops a profiler trace still running when training ends early."""
-  for h in hook_list:
-    if isinstance(h, profiler.ProfileHook):
-      h.close()
-
-
 def export_dir(config: ReportingConfig, chief: bool, output_dir: str) -> str:
   """--export_dir on the chief (default model_dir/export); a private one elsewhere."""
   if chief and config.export_dir:

@@ -34,7 +34,7 @@ def make_writer(logdir: str, enabled: bool):
 
 
 class SummaryHook(hooks.Hook):
-  """Writes `train_tags` every `every` steps; `write_eval` writes eval metrics.
+  """Writes `train_tags` every `every` steps, and each evaluation (`on_eval`).
 
   The rates of a step are those of the host call that ran it: examples of
   that call divided by its wall time. The call that traced the loop (the
@@ -95,7 +95,7 @@ class SummaryHook(hooks.Hook):
           tf.summary.scalar(tag, values[k], step=step)
     return write
 
-  def write_eval(self, step: int, metrics: Mapping[str, float]) -> None:
+  def on_eval(self, step: int, metrics: Mapping[str, float]) -> None:
     """Writes one evaluation to model_dir/eval.
 
     A leading "eval_" is dropped from each name ("eval_loss" -> "loss"), so
