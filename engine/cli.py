@@ -136,7 +136,7 @@ HELP = {
                      "instead (engine/distribute/memory.py).",
     "mode": "train_and_eval: train, evaluating on schedule; train: no "
             "evaluation; eval: evaluate the latest checkpoint in --model_dir "
-            "(or --checkpoint) and write summary.json.",
+            "(or --checkpoint) and write eval.json.",
     "ema_decay": "Keep an exponential moving average of the weights with "
                  "this decay (e.g. 0.999; 0: none); evaluation and export "
                  "use it.",

@@ -33,8 +33,13 @@ def test_eval_mode_reproduces_the_train_runs_last_evaluation(
                  optimizer="sgd", momentum=0.9)
   result = run_job(tiny_config(mode="eval", model_dir=str(model_dir),
                                **EVAL, **extra))
-  s = json.loads((model_dir / "summary.json").read_text())
+  s = json.loads((model_dir / "eval.json").read_text())
   assert s == result.summary
+  if replicas == 1:  # the training run's summary.json is left as it was
+    assert json.loads((model_dir / "summary.json").read_text()) == (
+        train.summary)
+  else:
+    assert not (model_dir / "summary.json").exists()
   assert s["mode"] == "eval" and s["num_replicas"] == replicas
   assert s["checkpoint"] == str(train_dir / "checkpoints" / "ckpt-6")
   assert s["global_step"] == 6 and s["eval_examples"] == 37

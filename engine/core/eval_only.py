@@ -1,4 +1,7 @@
-"""--mode=eval: evaluate one checkpoint, write TensorBoard and summary.json.
+"""--mode=eval: evaluate one checkpoint, write TensorBoard and eval.json.
+
+eval.json, not summary.json: evaluating a run's own model_dir leaves that
+run's training summary as it was.
 
 The model is built as for training (the task's, in the strategy's scope) and
 the checkpoint's weights restored into it; of the optimizer only its update
@@ -116,7 +119,7 @@ def evaluate_checkpoint(task: Task, config: Config, setup, path: str,
       "cross_device_impl": devices.describe(strategy),
       "task": task.name, **task.describe(),
   }
-  with open(os.path.join(setup.output_dir, "summary.json"), "w") as f:
+  with open(os.path.join(setup.output_dir, "eval.json"), "w") as f:
     json.dump(summary, f, indent=2)
   logging.info("Done: %s", json.dumps(summary))
   weights = [np.array(v.numpy()) for v in model.trainable_variables]

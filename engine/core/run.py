@@ -44,7 +44,8 @@ from engine.task import Task, metric_fns
 
 @dataclasses.dataclass
 class Result:
-  """What a run produced; `summary` is also written to summary.json.
+  """What a run produced; `summary` is also written to summary.json
+  (--mode=eval: eval.json).
 
   `history` holds one value per step trained in this run for "loss",
   "examples", "grad_norm", "learning_rate" and each task metric (4 bytes
