@@ -120,7 +120,7 @@ def iters_for(nbytes: int, args) -> int:
 def bench_mirrored(args, tcp):
   from engine.distribute import devices, memory  # pylint: disable=g-import-not-at-top
   from engine.config import DistributionConfig  # pylint: disable=g-import-not-at-top
-  devices.configure_host(args.cpu_devices)
+  devices.split_cpu(args.cpu_devices)
   memory.tune_malloc()  # as training does
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   gpus = len(tf.config.list_logical_devices("GPU"))

@@ -30,6 +30,6 @@ def engine_rate(fields: dict, warmup: int, steps: int) -> float:
 
   timer = Timer()
   config, image = ic.configs(**fields)
-  engine.run(ic.ImageClassification(image, seed=config.loop.seed), config,
+  engine.run(ic.ImageClassification(image, seed=config.randomness.seed), config,
              hooks=[timer])
   return timer.examples / (timer.stop - timer.start)

@@ -50,10 +50,10 @@ def _common(fields):
   strategy = devices.make_strategy(config.distribution)
   global_batch = (config.data.batch_size_per_replica *
                   strategy.num_replicas_in_sync)
-  task = ic.ImageClassification(image, seed=config.loop.seed)
-  keras.utils.set_random_seed(config.loop.seed)
+  task = ic.ImageClassification(image, seed=config.randomness.seed)
+  keras.utils.set_random_seed(config.randomness.seed)
   dataset = inputs.TrainData(task, tf.distribute.InputContext(), config.data,
-                             global_batch, config.loop.seed).batches()
+                             global_batch, config.randomness.seed).batches()
   with strategy.scope():
     model = task.build_model()
     optimizer = keras.optimizers.Adam(config.optimization.learning_rate)

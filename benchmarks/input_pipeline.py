@@ -67,7 +67,7 @@ class StepTimer(hooks.Hook):
 
 def child():
   from engine.distribute import devices  # pylint: disable=g-import-not-at-top
-  devices.configure_host(FLAGS.cpu_devices)
+  devices.split_cpu(FLAGS.cpu_devices)
   import engine  # pylint: disable=g-import-not-at-top
   from engine.tasks import image_classification as ic  # pylint: disable=g-import-not-at-top
   images = os.path.join(FLAGS.work_dir, "images")
@@ -86,7 +86,7 @@ def child():
       batch_size_per_replica=FLAGS.batch_size_per_replica,
       train_steps=start + FLAGS.steps, steps_per_loop=10, log_every=1000,
       model_dir=tempfile.mkdtemp(prefix="tfengine_bench_"), **source)
-  engine.run(ic.ImageClassification(image, seed=config.loop.seed), config,
+  engine.run(ic.ImageClassification(image, seed=config.randomness.seed), config,
              hooks=[timer])
   print("RESULT " + json.dumps({"variant": FLAGS.variant,
                                 "rate": timer.examples / timer.seconds}))

@@ -189,7 +189,7 @@ def cells_child():
   import engine  # pylint: disable=g-import-not-at-top
   from engine.distribute import devices  # pylint: disable=g-import-not-at-top
   from engine.tasks import image_classification as ic  # pylint: disable=g-import-not-at-top
-  devices.configure_host(FLAGS.cpu_devices)
+  devices.split_cpu(FLAGS.cpu_devices)
   with open(FLAGS.cells) as f:
     cells = json.load(f)
   results = []
@@ -203,7 +203,7 @@ def cells_child():
     else:
       config, image = ic.configs(**fields)
       results.append(engine.run(
-          ic.ImageClassification(image, seed=config.loop.seed),
+          ic.ImageClassification(image, seed=config.randomness.seed),
           config).summary["examples_per_sec"])
   with open(f"{FLAGS.cells}.{FLAGS.runner}", "w") as f:
     json.dump(results, f)

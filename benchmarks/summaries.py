@@ -43,7 +43,7 @@ def main(argv):
   spent = _timed_hook()
   shares = []
   from engine.distribute import devices  # pylint: disable=g-import-not-at-top
-  devices.configure_host(FLAGS.cpu_devices)
+  devices.split_cpu(FLAGS.cpu_devices)
   variants = {"without": 0, "with": FLAGS.summary_every}
   best = {v: 0.0 for v in variants}
   for r in range(FLAGS.rounds):

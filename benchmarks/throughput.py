@@ -176,7 +176,7 @@ def main(argv):
     from engine.tasks import image_classification as ic  # pylint: disable=g-import-not-at-top
     onednn.turn_off_for(ic.configs(**_fields())[0])
     from engine.distribute import devices  # pylint: disable=g-import-not-at-top
-    devices.configure_host(FLAGS.cpu_devices if FLAGS.strategy == "mirrored"
+    devices.split_cpu(FLAGS.cpu_devices if FLAGS.strategy == "mirrored"
                            else 0)
     rate = run_engine(_fields())
     from engine.core import run  # pylint: disable=g-import-not-at-top

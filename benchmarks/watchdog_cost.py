@@ -38,7 +38,7 @@ def child():
   from engine.core import step  # pylint: disable=g-import-not-at-top
   from engine.distribute import devices  # pylint: disable=g-import-not-at-top
   from engine.tasks import image_classification as ic  # pylint: disable=g-import-not-at-top
-  devices.configure_host(2)
+  devices.split_cpu(2)
   if FLAGS.variant == "per_op_timeout":
     plain = devices.communication_options
 
@@ -54,7 +54,7 @@ def child():
       model="small_cnn", image_size=32, strategy="mirrored", cpu_devices=2,
       batch_size_per_replica=32, train_steps=FLAGS.steps, log_every=1000,
       export=False, model_dir=tempfile.mkdtemp(prefix="tfengine_wdcost_"))
-  summary = engine.run(ic.ImageClassification(image, seed=config.loop.seed),
+  summary = engine.run(ic.ImageClassification(image, seed=config.randomness.seed),
                        config).summary
   print("RESULT " + json.dumps({
       "variant": FLAGS.variant, "rate": summary["examples_per_sec"],

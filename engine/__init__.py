@@ -7,9 +7,9 @@ gradient all-reduce per step, exact resume, coordinated preemption).
     task = engine.Task(model=make_model, inputs=make_examples,
                        loss=keras.losses.Huber(reduction=None),
                        metrics={"mae": keras.metrics.mean_absolute_error})
-    engine.configure_host(cpu_devices=2)          # before TensorFlow runs ops
-    result = engine.run(task, engine.Config.create(train_steps=500,
-                                                   cpu_devices=2))
+    config = engine.Config.create(train_steps=500, cpu_devices=2)
+    engine.configure_host(config)                 # before TensorFlow runs ops
+    result = engine.run(task, config)
 
 or, as a command line with the engine's flags next to your own:
 
@@ -62,11 +62,12 @@ if (not os.path.isdir(os.path.join(os.path.dirname(__file__), "models")) and
 # The public API, imported on first use (PEP 562), so that `import engine`
 # and the launcher (`python -m engine.launch`) do not load TensorFlow.
 _API = {
-    "CheckpointConfig": "engine.config", "Config": "engine.config",
-    "DataConfig": "engine.config", "DistributionConfig": "engine.config",
+    "BatchNormConfig": "engine.config", "CheckpointConfig": "engine.config",
+    "Config": "engine.config", "DataConfig": "engine.config",
+    "DistributionConfig": "engine.config", "EvaluationConfig": "engine.config",
+    "HostConfig": "engine.config", "InitializationConfig": "engine.config",
     "LoopConfig": "engine.config", "OptimizationConfig": "engine.config",
-    "ReportingConfig": "engine.config",
-    "InitializationConfig": "engine.config",
+    "RandomnessConfig": "engine.config", "ReportingConfig": "engine.config",
     "ClusterError": "engine.errors", "ConfigError": "engine.errors",
     "Diverged": "engine.errors", "ExitCode": "engine.errors",
     "Preempted": "engine.errors", "ResourceStop": "engine.errors",

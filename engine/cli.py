@@ -41,145 +41,6 @@ from engine import config as config_lib
 from engine.errors import ClusterError, ConfigError, Diverged, ExitCode
 from engine.errors import Preempted, ResourceStop, flag_error
 
-_ENUMS = {
-    "strategy": config_lib.STRATEGIES,
-    "cross_device_ops": config_lib.CROSS_DEVICE_OPS,
-    "optimizer": config_lib.OPTIMIZERS,
-    "grad_compression": config_lib.GRAD_COMPRESSIONS,
-    "mixed_precision": config_lib.MIXED_PRECISIONS,
-    "lr_schedule": config_lib.LR_SCHEDULES,
-    "lr_scaling": config_lib.LR_SCALINGS,
-    "mode": config_lib.MODES,
-}
-_LISTS = ("devices", "worker_hosts", "profile_steps", "lr_boundaries",
-          "lr_values")
-
-HELP = {
-    # Distribution.
-    "strategy": "tf.distribute strategy.",
-    "cross_device_ops": "All-reduce implementation (see README for what "
-                        "each does).",
-    "devices": "Replica devices, e.g. /gpu:0,/gpu:1 (default: all GPUs, else "
-               "the CPU).",
-    "cpu_devices": "Split the host CPU into N logical devices and use them as "
-                   "replicas (machines with no GPU).",
-    "worker_hosts": "multi_worker: host:port of every worker, in task order.",
-    "task_index": "multi_worker: this worker's index in --worker_hosts.",
-    "init_timeout": "multi_worker: seconds to wait for all workers to join.",
-    "collective_timeout": "The longest a step may wait on its peers (seconds) "
-                          "before the run ends with exit code 3.",
-    "bytes_per_pack": "Pack gradients into all-reduces of about this many "
-                      "bytes (0: TensorFlow's choice).",
-    "grad_compression": "Cast gradients to this dtype for the all-reduce "
-                        "(half the bytes) and back after it.",
-    "sync_batchnorm": "BatchNormalization over the global batch (Keras "
-                      "synchronized=True): 1 and N replicas agree.",
-    # Data.
-    "batch_size_per_replica": "Examples per replica per step.",
-    "shuffle_buffer": "Training examples shuffled per epoch (the seed uses "
-                      "1024; 0: the task's order).",
-    "drop_remainder": "Drop each epoch's partial last batch.",
-    "shard_files": "Each worker reads only its own files of a tfds training "
-                   "set (1/N of the reading); the global batches then depend "
-                   "on the number of workers. Whole batches only.",
-    # Optimization.
-    "optimizer": "Optimizer (Keras's, applying the engine's all-reduced "
-                 "gradients).",
-    "learning_rate": "Peak learning rate (before --lr_scaling).",
-    "momentum": "Momentum of sgd and rmsprop.",
-    "nesterov": "Nesterov momentum for --optimizer=sgd.",
-    "weight_decay": "Decoupled weight decay: each update first subtracts "
-                    "variable x this x the learning rate (0: none).",
-    "weight_decay_exclude": "Regular expression searched in variable paths "
-                            "(e.g. dense/bias); matching variables are not "
-                            "decayed. Default: biases and normalization "
-                            "gamma/beta.",
-    "clip_global_norm": "Clip the all-reduced mean gradient to this global "
-                        "norm (0: no clipping); grad_norm reports it before "
-                        "clipping.",
-    "lr_schedule": "Learning rate after warmup, by optimizer update: constant, "
-                   "cosine or linear (to 0 at the last step), exponential "
-                   "(--lr_decay_rate per --lr_decay_steps) or piecewise "
-                   "(--lr_boundaries, --lr_values).",
-    "warmup_steps": "Raise the learning rate linearly from 0 to its peak over "
-                    "this many updates.",
-    "warmup_epochs": "Warmup in epochs instead of --warmup_steps.",
-    "lr_scaling": "linear: the peak learning rate is --learning_rate (or "
-                  "--lr_values) x global batch / --base_batch_size.",
-    "base_batch_size": "The global batch --learning_rate is meant for "
-                       "(--lr_scaling=linear).",
-    "lr_boundaries": "piecewise: strictly increasing steps where the learning "
-                     "rate changes, e.g. 3000,6000.",
-    "lr_values": "piecewise: the learning rates, one more than "
-                 "--lr_boundaries, e.g. 0.1,0.01,0.001.",
-    "lr_decay_rate": "exponential: the factor per --lr_decay_steps updates.",
-    "lr_decay_steps": "exponential: updates per factor of --lr_decay_rate.",
-    "grad_accum_steps": "Sum the gradients of K micro-batches of "
-                        "--batch_size_per_replica locally, then all-reduce "
-                        "and update once: one step of a K times larger batch.",
-    "mixed_precision": "Keras dtype policy: float16/bfloat16 compute, float32 "
-                       "variables; mixed_float16 adds dynamic loss scaling.",
-    "jit_compile": "Compile the forward/backward pass with XLA.",
-    "fused_batchnorm": "BatchNormalization on TensorFlow's fused kernel in "
-                       "training (Keras's results, fewer ops; one all-reduce "
-                       "per layer with --sync_batchnorm).",
-    # Loop.
-    "epochs": "Epochs to train.",
-    "train_steps": "Steps to train; 0 = run --epochs epochs.",
-    "steps_per_loop": "Steps per host call (one compiled tf.range loop).",
-    "eval_every": "Evaluate every N steps (0: at the end of each epoch); "
-                  "always also at the last step.",
-    "seed": "Seed for weights and data order.",
-    "malloc_tuning": "Undo TensorFlow's 128 KiB glibc mmap threshold, under "
-                     "which every CPU tensor above it is mapped, faulted in "
-                     "and unmapped on each use; glibc's own 32 MiB maximum "
-                     "instead (engine/distribute/memory.py).",
-    "mode": "train_and_eval: train, evaluating on schedule; train: no "
-            "evaluation; eval: evaluate the latest checkpoint in --model_dir "
-            "(or --checkpoint) and write eval.json.",
-    "ema_decay": "Keep an exponential moving average of the weights with "
-                 "this decay (e.g. 0.999; 0: none); evaluation and export "
-                 "use it.",
-    "early_stopping_patience": "Stop after N evaluations without improvement "
-                               "of --keep_best's metric (eval_loss if none); "
-                               "0: never.",
-    # Checkpoints.
-    "model_dir": "Where summary.json and checkpoints/ go (chief only).",
-    "checkpoint_every": "Save a checkpoint every N steps (0: only at the end).",
-    "keep_checkpoints": "Checkpoints to keep.",
-    "allow_resume_change": "Resume even if the replica count or global batch "
-                           "differs from the checkpointed run.",
-    "preemption_sync": "After every host call, agree with all workers whether "
-                       "one got SIGTERM/SIGINT, so all save at the same step. "
-                       "Turn off only to measure what the agreement costs.",
-    "weights_out": "If set, the chief saves the final trainable weights to "
-                   "this .npz file name inside --model_dir.",
-    "keep_best": "Keep the checkpoint and export of the best evaluation by "
-                 "this metric (e.g. eval_accuracy; losses and errors are "
-                 "minimised) in model_dir/best.",
-    "checkpoint": "--mode=eval: the checkpoint to evaluate (a ckpt-N path or "
-                  "a directory: its latest); default: the latest in "
-                  "--model_dir.",
-    # Reporting.
-    "log_every": "Log a progress line every N steps.",
-    "summary_every": "Write TensorBoard scalars to model_dir/train every N "
-                     "steps (0: none).",
-    "progress": "A progress bar per epoch when stdout is a terminal; "
-                "--noprogress logs a line every --log_every steps.",
-    "profile_steps": "START,END: capture a TensorFlow profiler trace of these "
-                     "steps into model_dir/plugins/profile.",
-    "export": "At the end, write model.keras and a serving SavedModel to "
-              "--export_dir.",
-    "export_dir": "Where the model is exported (default model_dir/export).",
-    # Initialization.
-    "init_weights": "Start from these weights (variables matched by name and "
-                    "shape) unless resuming: a .weights.h5 or .keras file, a "
-                    "run's model_dir, checkpoints/ dir or checkpoint prefix; "
-                    "for mobilenet_v2 also Keras's ImageNet .h5 file.",
-    "freeze": "Regex over layer names: matching layers are not trained "
-              "(their BatchNormalization runs in inference mode).",
-}
-
 MakeTask = Callable[[config_lib.Config], Union["Task", Tuple["Task", config_lib.Config]]]
 
 
@@ -189,22 +50,27 @@ def caller_module(depth: int = 2) -> str:
   return sys.argv[0] if name == "__main__" else name
 
 
-def define_dataclass_flags(cls, help_texts, *, flag_values=flags.FLAGS,
-                           module_name: Optional[str] = None,
-                           enums=None, lists=()) -> List[str]:
-  """Defines one flag per field of `cls` with its default; returns the names
-  defined (a name the script already has is skipped)."""
+def help_text(field: dataclasses.Field) -> str:
+  """A field's flag help: its help, and its bounds if it has any."""
+  bounds = config_lib.bounds_text(field)
+  return field.metadata["help"] + (f" [{bounds}]" if bounds else "")
+
+
+def define_dataclass_flags(cls, *, flag_values=flags.FLAGS,
+                           module_name: Optional[str] = None) -> List[str]:
+  """Defines one flag per field of `cls`, made with `config.option` (its
+  default, help, choices); returns the names defined (a name the script
+  already has is skipped)."""
   module_name = module_name or caller_module()
-  enums = enums or {}
   defined = []
   for f in dataclasses.fields(cls):
     if f.name in flag_values:
       continue
-    default, text = f.default, help_texts[f.name]
+    default, text = f.default, help_text(f)
     kw = dict(flag_values=flag_values, module_name=module_name)
-    if f.name in enums:
-      flags.DEFINE_enum(f.name, default, enums[f.name], text, **kw)
-    elif f.name in lists:
+    if f.metadata["choices"]:
+      flags.DEFINE_enum(f.name, default, f.metadata["choices"], text, **kw)
+    elif config_lib.element_type(f) is not None:
       flags.DEFINE_list(f.name, [str(v) for v in default], text, **kw)
     elif isinstance(default, bool):
       flags.DEFINE_boolean(f.name, default, text, **kw)
@@ -216,6 +82,25 @@ def define_dataclass_flags(cls, help_texts, *, flag_values=flags.FLAGS,
       flags.DEFINE_string(f.name, default, text, **kw)
     defined.append(f.name)
   return defined
+
+
+def flag_values_of(cls, names, flag_values=flags.FLAGS) -> dict:
+  """{name: value} of the parsed flags of `cls`'s fields in `names`, each as
+  the field's type (a list flag's items as the field's element type).
+
+  Raises:
+    ConfigError: a list item that is not of the element type.
+  """
+  values = {}
+  for f in dataclasses.fields(cls):
+    if f.name not in names:
+      continue
+    value = flag_values[f.name].value
+    kind = config_lib.element_type(f)
+    if kind is not None:
+      value = _items(f.name, value or (), kind)
+    values[f.name] = value
+  return values
 
 
 _defined: List[str] = []
@@ -231,8 +116,7 @@ def define_flags(flag_values=flags.FLAGS,
   module_name = module_name or caller_module()
   for cls in config_lib.SECTIONS.values():
     _defined.extend(define_dataclass_flags(
-        cls, HELP, flag_values=flag_values, module_name=module_name,
-        enums=_ENUMS, lists=_LISTS))
+        cls, flag_values=flag_values, module_name=module_name))
   return list(_defined)
 
 
@@ -243,19 +127,8 @@ def config_from_flags(flag_values=flags.FLAGS) -> config_lib.Config:
     ConfigError: a bad value or combination, naming the flag.
   """
   values = {}
-  for name in config_lib.field_sections():
-    if name not in _defined:
-      continue  # the script's own flag of that name; ours keeps its default
-    value = flag_values[name].value
-    if name in _LISTS:
-      value = tuple(value or ())
-    values[name] = value
-  if "profile_steps" in values:
-    values["profile_steps"] = _ints("profile_steps", values["profile_steps"])
-  if "lr_boundaries" in values:
-    values["lr_boundaries"] = _ints("lr_boundaries", values["lr_boundaries"])
-  if "lr_values" in values:
-    values["lr_values"] = _floats("lr_values", values["lr_values"])
+  for cls in config_lib.SECTIONS.values():
+    values.update(flag_values_of(cls, _defined, flag_values))
   shadowed = sorted(set(config_lib.field_sections()) - set(_defined))
   if shadowed:
     logging.info("Your script defines --%s itself; the engine's field(s) of "
@@ -263,20 +136,17 @@ def config_from_flags(flag_values=flags.FLAGS) -> config_lib.Config:
   return config_lib.Config.create(**values)
 
 
-def _ints(flag, items):
-  try:
-    return tuple(int(v) for v in items)
-  except ValueError as e:
-    raise flag_error(flag, ",".join(items),
-                     "must be integers, e.g. 10,20.") from e
+_EXAMPLES = {int: "integers, e.g. 10,20", float: "numbers, e.g. 0.1,0.01"}
 
 
-def _floats(flag, items):
+def _items(flag, items, kind):
+  if kind is str:
+    return tuple(items)
   try:
-    return tuple(float(v) for v in items)
+    return tuple(kind(v) for v in items)
   except ValueError as e:
     raise flag_error(flag, ",".join(items),
-                     "must be numbers, e.g. 0.1,0.01.") from e
+                     f"must be {_EXAMPLES[kind]}.") from e
 
 
 def parse_flags(argv):
@@ -331,7 +201,7 @@ def main(make_task: MakeTask, argv, *, callbacks=()) -> None:
     # atexit clean-up (a non-chief's temporary directory) still runs.
     signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(128 + signum))
     # Logical devices must exist before TensorFlow runs any op.
-    devices.configure_host(config.distribution.cpu_devices)
+    devices.configure_host(config)
     made = make_task(config)
     task, config = made if isinstance(made, tuple) else (made, config)
     run_task(task, config, callbacks=(callbacks(config) if callable(callbacks)

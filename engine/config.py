@@ -1,20 +1,24 @@
-"""The run's configuration: frozen sections by concern, defaults in one place.
+"""The run's configuration: frozen sections by concern, one source per option.
 
-Each component receives the section it reads (or plain arguments), never the
-whole `Config`. The command line (engine/cli.py) builds one from flags whose
-names are the field names; Python users build one without absl:
+Each field is declared once, with its default, its help, its choices and its
+bounds (`option`); the command line's flags and help (engine/cli.py) and
+docs/reference/flags.md (engine/reference.py) are made from these fields,
+and each section checks its own values against them when it is made. Each
+component receives the section it reads (or plain arguments), never the
+whole `Config`. Python users build one without absl, by flag name:
 
     config = engine.Config.create(train_steps=1000, batch_size_per_replica=64,
                                   model_dir="/tmp/run")
     config = config.replace(learning_rate=0.01)
 
-Every section validates itself when it is made, naming the flag and the value
-of the first bad field; `Config` checks the combinations across sections.
+A bad value is a ConfigError naming the flag and the value; `Config` checks
+the combinations across sections.
 """
 import dataclasses
 import os
 import re
-from typing import Any, Dict, Optional, Tuple
+import typing
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from engine.errors import ConfigError, flag_error
 
@@ -34,23 +38,83 @@ _COPY_OPS = ("hierarchical_copy", "reduce_to_one_device")
 MODES = ("train_and_eval", "train", "eval")
 
 
-def _one_of(flag, value, valid):
-  if value not in valid:
-    raise flag_error(flag, value, f"unknown; valid: {', '.join(valid)}.")
+def option(default, help: str, *, choices: Sequence[str] = (),  # pylint: disable=redefined-builtin
+           at_least=None, above=None, below=None, problem: str = ""):
+  """A config field with everything the CLI and the docs say about it.
+
+  Args:
+    default: the default value (its type is the field's).
+    help: one or two sentences: what it does, in the user's words.
+    choices: the only values allowed (a string field).
+    at_least, above, below: bounds (>=, >, <) on a number.
+    problem: the error's text when a bound is broken, if the generic one
+      ("must be a positive integer.") would not say enough.
+  """
+  return dataclasses.field(default=default, metadata={
+      "help": help, "choices": tuple(choices), "at_least": at_least,
+      "above": above, "below": below, "problem": problem})
 
 
-def _positive(section, *names):
-  for name in names:
-    value = getattr(section, name)
-    if not (isinstance(value, int) and value > 0):
-      raise flag_error(name, value, "must be a positive integer.")
+def element_type(field: dataclasses.Field):
+  """A list field's element type (Tuple[int, ...] -> int); None otherwise."""
+  if typing.get_origin(field.type) is tuple:
+    return typing.get_args(field.type)[0]
+  return None
 
 
-def _non_negative(section, *names):
-  for name in names:
-    value = getattr(section, name)
-    if not (isinstance(value, int) and value >= 0):
-      raise flag_error(name, value, "must be a non-negative integer.")
+def bounds_text(field: dataclasses.Field) -> str:
+  """The allowed numbers in short ("integer > 0", "[0, 1)"); "" if any."""
+  meta = field.metadata
+  low_open = meta["above"] is not None
+  low = meta["above"] if low_open else meta["at_least"]
+  if low is None:
+    return ""
+  if meta["below"] is not None:
+    return f"{'(' if low_open else '['}{low}, {meta['below']})"
+  kind = "integer " if _is_int(field.default) else ""
+  return f"{kind}{'>' if low_open else '>='} {low}"
+
+
+def _is_int(value) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _problem(field: dataclasses.Field, value) -> Optional[str]:
+  """Why `value` breaks the field's choices or bounds; None if it does not."""
+  meta, integer = field.metadata, _is_int(field.default)
+  if meta["choices"] and value not in meta["choices"]:
+    return f"unknown; valid: {', '.join(meta['choices'])}."
+  low_open = meta["above"] is not None
+  low = meta["above"] if low_open else meta["at_least"]
+  if low is None:
+    return None
+  number = _is_int(value) or (not integer and isinstance(value, float))
+  if number and (value > low if low_open else value >= low) and (
+      meta["below"] is None or value < meta["below"]):
+    return None
+  if meta["problem"]:
+    return meta["problem"]
+  if meta["below"] is not None:
+    return f"must be in {bounds_text(field)}."
+  if low == 0 and integer:
+    return f"must be a {'positive' if low_open else 'non-negative'} integer."
+  if low == 0:
+    return "must be positive." if low_open else "must not be negative."
+  return (f"must be {'an integer ' if integer else ''}"
+          f"{'above' if low_open else 'at least'} {low}.")
+
+
+def check_options(section) -> None:
+  """Checks each field of a section against its choices and bounds.
+
+  Raises:
+    ConfigError: the first bad field, naming the flag and the value.
+  """
+  for field in dataclasses.fields(section):
+    value = getattr(section, field.name)
+    problem = _problem(field, value)
+    if problem:
+      raise flag_error(field.name, value, problem)
 
 
 def _regex(flag, value):
@@ -60,35 +124,40 @@ def _regex(flag, value):
     raise flag_error(flag, value, f"is not a regular expression ({e}).") from e
 
 
-def _positive_float(section, *names):
-  for name in names:
-    value = getattr(section, name)
-    if not (isinstance(value, (int, float)) and value > 0):
-      raise flag_error(name, value, "must be positive.")
-
-
 @dataclasses.dataclass(frozen=True)
 class DistributionConfig:
-  """Replicas, workers and what travels between them."""
-  strategy: str = "mirrored"
-  cross_device_ops: str = "auto"
-  devices: Tuple[str, ...] = ()
-  cpu_devices: int = 0
-  # Multi-worker cluster (read when strategy == "multi_worker").
-  worker_hosts: Tuple[str, ...] = ()
-  task_index: int = -1
-  init_timeout: float = 180.0
-  collective_timeout: float = 60.0
-  bytes_per_pack: int = 0
-  grad_compression: str = "none"  # dtype of gradients on the wire
-  sync_batchnorm: bool = False  # BatchNormalization over the global batch
+  """Replicas and workers, and how gradients travel between them
+  (engine/distribute/)."""
+  strategy: str = option("mirrored", "tf.distribute strategy.",
+                         choices=STRATEGIES)
+  cross_device_ops: str = option(
+      "auto", "All-reduce implementation (docs/guide/performance.md says "
+      "what each does).", choices=CROSS_DEVICE_OPS)
+  devices: Tuple[str, ...] = option(
+      (), "Replica devices, e.g. /gpu:0,/gpu:1 (default: all GPUs, else the "
+      "CPU).")
+  cpu_devices: int = option(
+      0, "Split the host CPU into N logical devices and use them as replicas "
+      "(machines with no GPU; 0: do not split).", at_least=0)
+  worker_hosts: Tuple[str, ...] = option(
+      (), "multi_worker: host:port of every worker, in task order.")
+  task_index: int = option(
+      -1, "multi_worker: this worker's index in --worker_hosts.")
+  init_timeout: float = option(
+      180.0, "multi_worker: seconds to wait for all workers to join.",
+      above=0)
+  collective_timeout: float = option(
+      60.0, "The longest a step may wait on its peers (seconds) before the "
+      "run ends with exit code 3.", above=0)
+  bytes_per_pack: int = option(
+      0, "Pack gradients into all-reduces of about this many bytes (0: "
+      "TensorFlow's choice).", at_least=0)
+  grad_compression: str = option(
+      "none", "Cast gradients to this dtype for the all-reduce (half the "
+      "bytes) and back after it.", choices=GRAD_COMPRESSIONS)
 
   def __post_init__(self):
-    _one_of("strategy", self.strategy, STRATEGIES)
-    _one_of("cross_device_ops", self.cross_device_ops, CROSS_DEVICE_OPS)
-    _one_of("grad_compression", self.grad_compression, GRAD_COMPRESSIONS)
-    _non_negative(self, "cpu_devices", "bytes_per_pack")
-    _positive_float(self, "init_timeout", "collective_timeout")
+    check_options(self)
     if len(set(self.devices)) != len(self.devices):
       raise flag_error("devices", ",".join(self.devices),
                        "lists a device twice.")
@@ -118,72 +187,115 @@ class DistributionConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-  """How the engine batches the task's examples."""
-  batch_size_per_replica: int = 64
-  shuffle_buffer: int = 1024  # training examples shuffled per epoch; 0: none
-  drop_remainder: bool = False  # drop each epoch's partial last batch
-  # Each worker reads only its own files (engine/core/sharded_inputs.py):
-  # reading falls as 1/N, but the global batch depends on the worker count.
-  shard_files: bool = False
+  """How the engine batches the task's examples (engine/core/inputs.py)."""
+  batch_size_per_replica: int = option(
+      64, "Examples per replica per step.", above=0)
+  shuffle_buffer: int = option(
+      1024, "Training examples shuffled per epoch (0: the task's order).",
+      at_least=0)
+  drop_remainder: bool = option(False,
+                                "Drop each epoch's partial last batch.")
+  shard_files: bool = option(
+      False, "Each worker reads only its own files of a tfds training set "
+      "(1/N of the reading); the global batches then depend on the number of "
+      "workers. Whole batches only.")
 
   def __post_init__(self):
-    _positive(self, "batch_size_per_replica")
-    _non_negative(self, "shuffle_buffer")
+    check_options(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchNormConfig:
+  """What the engine does to the model's BatchNormalization layers
+  (engine/core/batchnorm.py)."""
+  sync_batchnorm: bool = option(
+      False, "BatchNormalization over the global batch (Keras "
+      "synchronized=True): 1 and N replicas agree.")
+  fused_batchnorm: bool = option(
+      True, "BatchNormalization on TensorFlow's fused kernel in training "
+      "(Keras's results, fewer ops; one all-reduce per layer with "
+      "--sync_batchnorm).")
+
+  def __post_init__(self):
+    check_options(self)
 
 
 @dataclasses.dataclass(frozen=True)
 class OptimizationConfig:
-  """The optimizer and how each update is computed."""
-  optimizer: str = "adam"
-  learning_rate: float = 0.001
-  momentum: float = 0.0
-  grad_accum_steps: int = 1  # micro-batches summed locally per all-reduce
-  mixed_precision: str = "none"  # Keras dtype policy of the model
-  jit_compile: bool = False  # XLA for the forward/backward pass
-  nesterov: bool = False  # sgd only
-  # Decoupled weight decay (Keras's `weight_decay`); 0 = none.
-  weight_decay: float = 0.0
-  weight_decay_exclude: str = WEIGHT_DECAY_EXCLUDE  # regex over variable paths
-  clip_global_norm: float = 0.0  # of the all-reduced gradient; 0 = off
-  # The learning-rate schedule (engine/core/schedules.py), in optimizer
-  # updates; cross-field checks that need the run's length happen there.
-  lr_schedule: str = "constant"
-  warmup_steps: int = 0
-  warmup_epochs: int = 0
-  lr_scaling: str = "none"  # linear: x global batch / base_batch_size
-  base_batch_size: int = 256
-  lr_boundaries: Tuple[int, ...] = ()  # piecewise: steps
-  lr_values: Tuple[float, ...] = ()  # piecewise: len(lr_boundaries) + 1
-  lr_decay_rate: float = 0.0  # exponential: factor per lr_decay_steps
-  lr_decay_steps: int = 0
-  # BatchNormalization on TF's fused kernel in training (engine/core/
-  # batchnorm.py); False: Keras's own layer.
-  fused_batchnorm: bool = True
+  """The optimizer, its learning-rate schedule and how each update is
+  computed (engine/core/optimizers.py, schedules.py, step.py, ema.py)."""
+  optimizer: str = option(
+      "adam", "Optimizer (Keras's, applying the engine's all-reduced "
+      "gradients).", choices=OPTIMIZERS)
+  learning_rate: float = option(
+      0.001, "Peak learning rate (before --lr_scaling).", above=0)
+  momentum: float = option(0.0, "Momentum of sgd and rmsprop.", at_least=0,
+                           below=1)
+  nesterov: bool = option(False, "Nesterov momentum for --optimizer=sgd.")
+  weight_decay: float = option(
+      0.0, "Decoupled weight decay: each update first subtracts variable x "
+      "this x the learning rate (0: none).", at_least=0)
+  weight_decay_exclude: str = option(
+      WEIGHT_DECAY_EXCLUDE, "Regular expression searched in variable paths "
+      "(e.g. dense/bias); matching variables are not decayed. Default: "
+      "biases and normalization gamma/beta.")
+  clip_global_norm: float = option(
+      0.0, "Clip the all-reduced mean gradient to this global norm (0: no "
+      "clipping); grad_norm reports it before clipping.", at_least=0)
+  grad_accum_steps: int = option(
+      1, "Sum the gradients of K micro-batches of --batch_size_per_replica "
+      "locally, then all-reduce and update once: one step of a K times "
+      "larger batch.", above=0)
+  mixed_precision: str = option(
+      "none", "Keras dtype policy: float16/bfloat16 compute, float32 "
+      "variables; mixed_float16 adds dynamic loss scaling.",
+      choices=MIXED_PRECISIONS)
+  jit_compile: bool = option(
+      False, "Compile the forward/backward pass with XLA.")
+  ema_decay: float = option(
+      0.0, "Keep an exponential moving average of the weights with this "
+      "decay (e.g. 0.999; 0: none); evaluation and export use it.",
+      at_least=0, below=1,
+      problem="must be 0 (no average) or in (0, 1), e.g. 0.999.")
+  # The learning-rate schedule, in optimizer updates; the checks that need
+  # the run's length happen in engine/core/schedules.py.
+  lr_schedule: str = option(
+      "constant", "Learning rate after warmup, by optimizer update: "
+      "constant, cosine or linear (to 0 at the last step), exponential "
+      "(--lr_decay_rate per --lr_decay_steps) or piecewise (--lr_boundaries, "
+      "--lr_values).", choices=LR_SCHEDULES)
+  warmup_steps: int = option(
+      0, "Raise the learning rate linearly from 0 to its peak over this many "
+      "updates.", at_least=0)
+  warmup_epochs: int = option(
+      0, "Warmup in epochs instead of --warmup_steps.", at_least=0)
+  lr_scaling: str = option(
+      "none", "linear: the peak learning rate is --learning_rate (or "
+      "--lr_values) x global batch / --base_batch_size.",
+      choices=LR_SCALINGS)
+  base_batch_size: int = option(
+      256, "The global batch --learning_rate is meant for "
+      "(--lr_scaling=linear).", above=0)
+  lr_boundaries: Tuple[int, ...] = option(
+      (), "piecewise: strictly increasing steps where the learning rate "
+      "changes, e.g. 3000,6000.")
+  lr_values: Tuple[float, ...] = option(
+      (), "piecewise: the learning rates, one more than --lr_boundaries, "
+      "e.g. 0.1,0.01,0.001.")
+  lr_decay_rate: float = option(
+      0.0, "exponential: the factor per --lr_decay_steps updates.",
+      at_least=0)
+  lr_decay_steps: int = option(
+      0, "exponential: updates per factor of --lr_decay_rate.", at_least=0)
 
   def __post_init__(self):
-    _one_of("optimizer", self.optimizer, OPTIMIZERS)
-    _one_of("mixed_precision", self.mixed_precision, MIXED_PRECISIONS)
-    _one_of("lr_schedule", self.lr_schedule, LR_SCHEDULES)
-    _one_of("lr_scaling", self.lr_scaling, LR_SCALINGS)
-    _positive(self, "grad_accum_steps", "base_batch_size")
-    _non_negative(self, "warmup_steps", "warmup_epochs", "lr_decay_steps")
-    _positive_float(self, "learning_rate")
-    if not 0.0 <= self.momentum < 1.0:
-      raise flag_error("momentum", self.momentum, "must be in [0, 1).")
+    check_options(self)
     _check_update_rule(self)
     _check_schedule(self)
 
 
-def _non_negative_float(section, *names):
-  for name in names:
-    value = getattr(section, name)
-    if not (isinstance(value, (int, float)) and value >= 0):
-      raise flag_error(name, value, "must not be negative.")
-
-
 def _check_update_rule(opt: "OptimizationConfig") -> None:
   """Nesterov, weight decay and clipping, each only where it means something."""
-  _non_negative_float(opt, "weight_decay", "clip_global_norm")
   if opt.nesterov and (opt.optimizer != "sgd" or opt.momentum == 0):
     raise flag_error("nesterov", True, "needs --optimizer=sgd with "
                      "--momentum > 0 (it is Nesterov momentum).")
@@ -199,7 +311,6 @@ def _check_schedule(opt: "OptimizationConfig") -> None:
   if opt.warmup_steps and opt.warmup_epochs:
     raise flag_error("warmup_epochs", opt.warmup_epochs,
                      "cannot be combined with --warmup_steps; set one.")
-  _non_negative_float(opt, "lr_decay_rate")
   exponential = opt.lr_schedule == "exponential"
   for name in ("lr_decay_rate", "lr_decay_steps"):
     if exponential and not getattr(opt, name) > 0:
@@ -230,69 +341,83 @@ def _check_schedule(opt: "OptimizationConfig") -> None:
 
 @dataclasses.dataclass(frozen=True)
 class LoopConfig:
-  """How long to train, how steps are grouped, when to evaluate."""
-  epochs: int = 5
-  train_steps: int = 0  # 0 = run `epochs` epochs
-  steps_per_loop: int = 10  # steps per host call
-  eval_every: int = 0  # steps between evaluations; 0 = at each epoch's end
-  seed: int = 42  # weights and data order
-  # Host memory: keep large CPU tensors in malloc's heap
-  # (engine/distribute/memory.py).
-  malloc_tuning: bool = True
-  mode: str = "train_and_eval"  # or "train" (no evaluation), "eval" (only)
-  # Decay of an exponential moving average of the trainable weights
-  # (engine/core/ema.py); 0 = none. Evaluation and export use the average.
-  ema_decay: float = 0.0
-  # Stop after N evaluations without improvement of --keep_best's metric
-  # (eval_loss when none is named); 0 = never.
-  early_stopping_patience: int = 0
+  """How long to train and how steps are grouped into host calls
+  (engine/core/host_loop.py)."""
+  epochs: int = option(5, "Epochs to train.", at_least=0)
+  train_steps: int = option(0, "Steps to train; 0 = run --epochs epochs.",
+                            at_least=0)
+  steps_per_loop: int = option(
+      10, "Steps per host call (one compiled tf.range loop).", above=0)
 
   def __post_init__(self):
-    _positive(self, "steps_per_loop")
-    _non_negative(self, "epochs", "train_steps", "eval_every",
-                  "early_stopping_patience")
-    _one_of("mode", self.mode, MODES)
+    check_options(self)
     if self.epochs == 0 and self.train_steps == 0:
       raise flag_error("epochs", 0, "must be positive when --train_steps=0; "
                        "set one of them")
-    if not (isinstance(self.ema_decay, (int, float)) and
-            (self.ema_decay == 0 or 0 < self.ema_decay < 1)):
-      raise flag_error("ema_decay", self.ema_decay,
-                       "must be 0 (no average) or in (0, 1), e.g. 0.999.")
-    if self.mode == "train" and (self.early_stopping_patience or
-                                 self.eval_every):
-      flag = ("early_stopping_patience" if self.early_stopping_patience
-              else "eval_every")
-      raise flag_error(flag, getattr(self, flag),
-                       "needs evaluation, which --mode=train skips; use "
-                       "--mode=train_and_eval.")
 
 
 @dataclasses.dataclass(frozen=True)
-class CheckpointConfig:
-  """Where results go, checkpoints and resume."""
-  model_dir: str = "/tmp/tfengine"
-  checkpoint_every: int = 0  # steps; 0 = only at the end
-  keep_checkpoints: int = 5
-  allow_resume_change: bool = False
-  # Exchange the stop flag after every host call (coordinated preemption).
-  preemption_sync: bool = True
-  weights_out: str = ""  # file name in model_dir for final weights (.npz)
-  # An evaluation metric ("eval_accuracy", "eval_loss", ...): the best
-  # evaluation's checkpoint and export go to model_dir/best; "" = none.
-  keep_best: str = ""
-  # --mode=eval: the checkpoint to evaluate (a path prefix such as
-  # .../checkpoints/ckpt-100, or a directory: its latest); "" = the latest
-  # in model_dir/checkpoints.
-  checkpoint: str = ""
+class EvaluationConfig:
+  """Whether and when to evaluate, and what to do with the results
+  (engine/core/evaluate.py, best.py, eval_only.py)."""
+  mode: str = option(
+      "train_and_eval", "train_and_eval: train, evaluating on schedule; "
+      "train: no evaluation; eval: evaluate the latest checkpoint in "
+      "--model_dir (or --checkpoint) and write eval.json.", choices=MODES)
+  eval_every: int = option(
+      0, "Evaluate every N steps (0: at the end of each epoch); always also "
+      "at the last step.", at_least=0)
+  keep_best: str = option(
+      "", "Keep the checkpoint and export of the best evaluation by this "
+      "metric (e.g. eval_accuracy; losses and errors are minimised) in "
+      "model_dir/best.")
+  early_stopping_patience: int = option(
+      0, "Stop after N evaluations without improvement of --keep_best's "
+      "metric (eval_loss if none); 0: never.", at_least=0)
+  checkpoint: str = option(
+      "", "--mode=eval: the checkpoint to evaluate (a ckpt-N path or a "
+      "directory: its latest); default: the latest in --model_dir.")
 
   def __post_init__(self):
-    _non_negative(self, "checkpoint_every")
-    _positive(self, "keep_checkpoints")
+    check_options(self)
     if self.keep_best and not self.keep_best.startswith("eval_"):
       raise flag_error("keep_best", self.keep_best,
                        "names an evaluation metric, e.g. eval_loss or "
                        "eval_accuracy.")
+    if self.mode == "train":
+      for flag in ("keep_best", "early_stopping_patience", "eval_every"):
+        if getattr(self, flag):
+          raise flag_error(flag, getattr(self, flag),
+                           "needs evaluation, which --mode=train skips; use "
+                           "--mode=train_and_eval.")
+    if self.mode != "eval" and self.checkpoint:
+      raise flag_error("checkpoint", self.checkpoint,
+                       "is read by --mode=eval only; training resumes from "
+                       "--model_dir.")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+  """Where results go; checkpoints, resume and preemption
+  (engine/core/checkpoint.py, preemption.py)."""
+  model_dir: str = option(
+      "/tmp/tfengine", "Where summary.json and checkpoints/ go (chief only).")
+  checkpoint_every: int = option(
+      0, "Save a checkpoint every N steps (0: only at the end).", at_least=0)
+  keep_checkpoints: int = option(5, "Checkpoints to keep.", above=0)
+  allow_resume_change: bool = option(
+      False, "Resume even if the replica count or global batch differs from "
+      "the checkpointed run.")
+  preemption_sync: bool = option(
+      True, "After every host call, agree with all workers whether one got "
+      "SIGTERM/SIGINT, so all save at the same step. Turn off only to "
+      "measure what the agreement costs.")
+  weights_out: str = option(
+      "", "If set, the chief saves the final trainable weights to this .npz "
+      "file name inside --model_dir.")
+
+  def __post_init__(self):
+    check_options(self)
     if os.path.basename(self.weights_out) != self.weights_out:
       raise flag_error("weights_out", self.weights_out,
                        "is a file name inside --model_dir, not a path.")
@@ -300,17 +425,26 @@ class CheckpointConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ReportingConfig:
-  """What users see: logs, progress, TensorBoard, profiler, export."""
-  log_every: int = 10
-  summary_every: int = 10  # TensorBoard scalars every N steps; 0 = none
-  progress: bool = True  # a progress bar when stdout is a terminal
-  profile_steps: Tuple[int, ...] = ()  # (START, END): trace those steps
-  export: bool = True  # write the model for serving at the end
-  export_dir: str = ""  # "" = model_dir/export
+  """What users see: logs, progress, TensorBoard, profiler, export
+  (engine/report/)."""
+  log_every: int = option(10, "Log a progress line every N steps.", above=0)
+  summary_every: int = option(
+      10, "Write TensorBoard scalars to model_dir/train every N steps (0: "
+      "none).", at_least=0)
+  progress: bool = option(
+      True, "A progress bar per epoch when stdout is a terminal; "
+      "--noprogress logs a line every --log_every steps.")
+  profile_steps: Tuple[int, ...] = option(
+      (), "START,END: capture a TensorFlow profiler trace of these steps "
+      "into model_dir/plugins/profile.")
+  export: bool = option(
+      True, "At the end, write model.keras and a serving SavedModel to "
+      "--export_dir.")
+  export_dir: str = option(
+      "", "Where the model is exported (default model_dir/export).")
 
   def __post_init__(self):
-    _positive(self, "log_every")
-    _non_negative(self, "summary_every")
+    check_options(self)
     if self.profile_steps and not (
         len(self.profile_steps) == 2 and
         all(isinstance(s, int) for s in self.profile_steps) and
@@ -321,25 +455,20 @@ class ReportingConfig:
                        "counted from 1), e.g. 10,20.")
 
 
-def _check_modes(loop: LoopConfig, ckpt: CheckpointConfig) -> None:
-  """--mode against the checkpoint flags that only some modes read."""
-  if loop.mode == "train" and ckpt.keep_best:
-    raise flag_error("keep_best", ckpt.keep_best,
-                     "needs evaluation, which --mode=train skips; use "
-                     "--mode=train_and_eval.")
-  if loop.mode != "eval" and ckpt.checkpoint:
-    raise flag_error("checkpoint", ckpt.checkpoint,
-                     "is read by --mode=eval only; training resumes from "
-                     "--model_dir.")
 @dataclasses.dataclass(frozen=True)
 class InitializationConfig:
   """Where the weights start: fine-tuning (engine/core/init_weights.py)."""
-  # A .weights.h5 / .keras file, Keras's legacy ImageNet .h5 (mobilenet_v2),
-  # or a run's model_dir, checkpoints/ dir or checkpoint prefix; "" = random.
-  init_weights: str = ""
-  freeze: str = ""  # regex over layer names: those layers are not trained
+  init_weights: str = option(
+      "", "Start from these weights (variables matched by name and shape) "
+      "unless resuming: a .weights.h5 or .keras file, a run's model_dir, "
+      "checkpoints/ dir or checkpoint prefix; for mobilenet_v2 also Keras's "
+      "ImageNet .h5 file.")
+  freeze: str = option(
+      "", "Regex over layer names: matching layers are not trained (their "
+      "BatchNormalization runs in inference mode).")
 
   def __post_init__(self):
+    check_options(self)
     path = self.init_weights
     if path and not (os.path.exists(path) or
                      os.path.exists(path + ".index")):
@@ -349,14 +478,41 @@ class InitializationConfig:
     _regex("freeze", self.freeze)
 
 
+@dataclasses.dataclass(frozen=True)
+class RandomnessConfig:
+  """What every random draw of a run is a function of: the initial weights,
+  the data order, the task's augmentation."""
+  seed: int = option(42, "Seed for weights and data order.")
+
+  def __post_init__(self):
+    check_options(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class HostConfig:
+  """This process's host: memory (engine/distribute/memory.py)."""
+  malloc_tuning: bool = option(
+      True, "Undo TensorFlow's 128 KiB glibc mmap threshold, under which "
+      "every CPU tensor above it is mapped, faulted in and unmapped on each "
+      "use; glibc's own 32 MiB maximum instead (engine/distribute/"
+      "memory.py).")
+
+  def __post_init__(self):
+    check_options(self)
+
+
 SECTIONS = {
     "distribution": DistributionConfig,
     "data": DataConfig,
+    "batchnorm": BatchNormConfig,
     "optimization": OptimizationConfig,
     "loop": LoopConfig,
+    "evaluation": EvaluationConfig,
     "checkpoints": CheckpointConfig,
     "reporting": ReportingConfig,
     "initialization": InitializationConfig,
+    "randomness": RandomnessConfig,
+    "host": HostConfig,
 }
 
 
@@ -369,28 +525,37 @@ def field_sections(sections=None) -> Dict[str, str]:
   return out
 
 
+def fields_by_name() -> Dict[str, dataclasses.Field]:
+  """Flat field name -> its dataclasses.Field (help, choices, bounds)."""
+  return {f.name: f for cls in SECTIONS.values()
+          for f in dataclasses.fields(cls)}
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
   """Everything the engine needs for one run, in sections by concern."""
   distribution: DistributionConfig = DistributionConfig()
   data: DataConfig = DataConfig()
+  batchnorm: BatchNormConfig = BatchNormConfig()
   optimization: OptimizationConfig = OptimizationConfig()
   loop: LoopConfig = LoopConfig()
+  evaluation: EvaluationConfig = EvaluationConfig()
   checkpoints: CheckpointConfig = CheckpointConfig()
   reporting: ReportingConfig = ReportingConfig()
   initialization: InitializationConfig = InitializationConfig()
+  randomness: RandomnessConfig = RandomnessConfig()
+  host: HostConfig = HostConfig()
 
   def __post_init__(self):
-    _check_modes(self.loop, self.checkpoints)
-    dist, opt, data = self.distribution, self.optimization, self.data
-    if opt.jit_compile and dist.sync_batchnorm:
+    opt, data = self.optimization, self.data
+    if opt.jit_compile and self.batchnorm.sync_batchnorm:
       # Synchronized BatchNorm all-reduces inside the forward pass, and a
       # collective cannot run inside the XLA-compiled function (merge_call).
       raise flag_error("jit_compile", True,
                        "cannot be combined with --sync_batchnorm, whose "
                        "all-reduces inside the forward pass XLA cannot "
                        "compile here; drop one of them.")
-    if (dist.sync_batchnorm and opt.grad_accum_steps > 1 and
+    if (self.batchnorm.sync_batchnorm and opt.grad_accum_steps > 1 and
         not data.drop_remainder):
       # A partial batch could leave a micro-batch empty on every replica;
       # its statistics would then pull the moving averages towards zero.
@@ -427,10 +592,3 @@ class Config:
     """{field name: value} over all sections (the flag view)."""
     return {name: getattr(getattr(self, section), name)
             for name, section in field_sections().items()}
-
-
-def get_field(config: Config, name: str, default: Optional[Any] = None):
-  """A field by its flat name (for tools that list flags by name)."""
-  section = field_sections().get(name)
-  return default if section is None else getattr(getattr(config, section),
-                                                 name)

@@ -43,8 +43,8 @@ def one_replica(distribution) -> bool:
 def faulty(config) -> bool:
   """Whether a Config's run could run Conv2D on an empty batch (WHY_OFF),
   by its flags alone."""
-  return (config.distribution.sync_batchnorm and
-          not config.optimization.fused_batchnorm and
+  return (config.batchnorm.sync_batchnorm and
+          not config.batchnorm.fused_batchnorm and
           not one_replica(config.distribution))
 
 

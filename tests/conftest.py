@@ -21,7 +21,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 @pytest.fixture(scope="session", autouse=True)
 def logical_cpus():
   """Splits the host CPU once per test process, before any test runs an op."""
-  engine.configure_host(NUM_CPUS)
+  engine.configure_host(engine.Config.create(cpu_devices=NUM_CPUS))
   return NUM_CPUS
 
 
@@ -43,7 +43,7 @@ class Job:
   def task(self):
     from engine.tasks import image_classification  # pylint: disable=g-import-not-at-top
     return image_classification.ImageClassification(
-        self.image, seed=self.config.loop.seed)
+        self.image, seed=self.config.randomness.seed)
 
 
 def job(**fields) -> Job:
@@ -91,7 +91,7 @@ def train_batches(j: Job, global_batch: int, start_step: int = 0):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from engine.core import inputs  # pylint: disable=g-import-not-at-top
   data = inputs.TrainData(j.task(), tf.distribute.InputContext(),
-                          j.config.data, global_batch, j.config.loop.seed)
+                          j.config.data, global_batch, j.config.randomness.seed)
   return data.batches(start_step), data
 
 

@@ -109,7 +109,7 @@ flags.FLAGS(["prog", "--learning_rate=0.25", "--seed=xyz",
              "--train_steps=7"])
 c = engine.cli.config_from_flags()
 print(flags.FLAGS.learning_rate, flags.FLAGS.seed, c.optimization.learning_rate,
-      c.loop.seed, c.loop.train_steps, "learning_rate" in defined)
+      c.randomness.seed, c.loop.train_steps, "learning_rate" in defined)
 """
   out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV,
                        capture_output=True, text=True, timeout=120)

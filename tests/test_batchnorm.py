@@ -155,7 +155,7 @@ def test_flag_and_engine_run(tmp_path):
   test_mobilenet_gradients_against_float64's, without the engine's cost."""
   import keras  # pylint: disable=g-import-not-at-top
   import engine  # pylint: disable=g-import-not-at-top
-  assert Config().optimization.fused_batchnorm
+  assert Config().batchnorm.fused_batchnorm
   results = {}
   for fused in (True, False):
     results[fused] = engine.run(conv_bn_task(16, (4, 8)), Config.create(

@@ -96,7 +96,7 @@ def test_bad_input_is_one_line_without_traceback(flags, expected):
      "error: --model=resnet: unknown; valid: mobilenet_v2, small_cnn."),
     (dict(dataset="no_such_data_set_xyz"),
      "error: --dataset=no_such_data_set_xyz: is neither 'synthetic' nor"),
-    (dict(image_size=-3), "error: --image_size=-3: must be a positive"),
+    (dict(image_size=-3), "error: --image_size=-3: must be at least 32"),
 ])
 def test_bad_input_found_by_the_run_is_one_config_error(tmp_path, fields,
                                                         expected):

@@ -146,7 +146,8 @@ def test_float16_overflow_step_is_skipped_and_recovers():
   names = step.row_names(metrics)
   loop = step.make_train_loop(strategy, step.make_replica_step(
       task, model, optimizer, metrics, distribution=config.distribution,
-      optimization=config.optimization, batch_size_per_replica=8), names,
+      optimization=config.optimization, batchnorm=config.batchnorm,
+      batch_size_per_replica=8), names,
       exchange_votes=False)
   iterator = iter(strategy.experimental_distribute_dataset(dataset))
   norm = names.index("grad_norm")

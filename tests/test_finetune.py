@@ -173,7 +173,7 @@ def test_mobilenet_v2_takes_keras_imagenet_file_and_signed_inputs(tmp_path):
       model="mobilenet_v2", image_size=32, synthetic_examples=16,
       init_weights=path)
   task = image_classification.ImageClassification(
-      image, seed=config.loop.seed,
+      image, seed=config.randomness.seed,
       init_weights=config.initialization.init_weights)
   model = task.build_model()
   loaded = init_weights.load(model, path)

@@ -52,7 +52,8 @@ def test_host_call_sums_every_replicas_vote(kw, replicas):
   metrics = metric_fns(task)
   loop = step.make_train_loop(strategy, step.make_replica_step(
       task, model, optimizer, metrics, distribution=config.distribution,
-      optimization=config.optimization, batch_size_per_replica=8),
+      optimization=config.optimization, batchnorm=config.batchnorm,
+      batch_size_per_replica=8),
       step.row_names(metrics), exchange_votes=True)
   iterator = iter(strategy.experimental_distribute_dataset(
       train_batches(job, 8 * replicas)[0]))

@@ -19,7 +19,7 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
-from engine.config import CheckpointConfig, Config
+from engine.config import Config
 from engine.core import checkpoint, evaluate, inputs, step
 from engine.core import ema as ema_lib
 from engine.distribute import cluster, devices, hang
@@ -32,15 +32,15 @@ from engine.task import Task, metric_fns
 _ITERATIONS = "optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"
 
 
-def find_checkpoint(config: CheckpointConfig) -> str:
-  """The checkpoint --mode=eval evaluates.
+def find_checkpoint(path: str, model_dir: str) -> str:
+  """The checkpoint --mode=eval evaluates: --checkpoint's `path`, else the
+  latest in `model_dir`.
 
   Raises:
     ConfigError: there is none (one line, before anything is built).
   """
-  path = config.checkpoint
   if not path:
-    directory = os.path.join(config.model_dir, "checkpoints")
+    directory = os.path.join(model_dir, "checkpoints")
     latest = tf.train.latest_checkpoint(directory)
     if latest is None:
       raise flag_error("mode", "eval",

@@ -131,7 +131,7 @@ def run(task: Task, config: Config, *, hooks: Sequence[Hook] = (),
   """Trains `task` as `config` says; evaluates, checkpoints, exports.
 
   Call it after the host is set up (`engine.cli.run` does both; in Python,
-  `engine.configure_host(cpu_devices)` before TensorFlow runs any op).
+  `engine.configure_host(config)` before TensorFlow runs any op).
   With --mode=eval it only evaluates a checkpoint (engine/core/eval_only.py).
 
   Args:
@@ -151,8 +151,9 @@ def run(task: Task, config: Config, *, hooks: Sequence[Hook] = (),
     Preempted: SIGTERM/SIGINT on a worker; checkpoint saved [75].
   """
   callbacks = callbacks_lib.check(callbacks)
-  if config.loop.mode == "eval":
-    path = eval_only.find_checkpoint(config.checkpoints)  # before set-up
+  if config.evaluation.mode == "eval":
+    path = eval_only.find_checkpoint(  # before set-up
+        config.evaluation.checkpoint, config.checkpoints.model_dir)
     return Result(*eval_only.evaluate_checkpoint(
         task, config, _set_up(config), path, build_model))
   setup = _set_up(config)
@@ -169,7 +170,7 @@ def _train(task: Task, config: Config, setup: _Setup, state: _State,
            hooks: Sequence[Hook], callbacks) -> Result:
   """From the built state to the Result: the host loop with its hooks."""
   if (state.start_step >= state.total_steps or
-      _stopped_early(config.loop.early_stopping_patience, state)):
+      _stopped_early(config.evaluation.early_stopping_patience, state)):
     return _nothing_to_train(config, setup, state)
   # One thread bounds every call that can wait on peers; no collective has a
   # timeout of its own (engine/distribute/hang.py).
@@ -234,7 +235,7 @@ def _set_up(config: Config) -> _Setup:
   dist = config.distribution
   strategy = devices.make_strategy(dist)
   # After the strategy: on multi_worker no op may run before it exists.
-  malloc_tuned = config.loop.malloc_tuning and memory.tune_malloc()
+  malloc_tuned = config.host.malloc_tuning and memory.tune_malloc()
   chief = is_chief(strategy)
   # Only the chief writes model_dir; other workers write the same files to a
   # private temporary directory, removed at the end, so no two processes ever
@@ -259,11 +260,11 @@ def _set_up(config: Config) -> _Setup:
 def _build_state(task: Task, config: Config, setup: _Setup) -> _State:
   strategy = setup.strategy
   metrics = metric_fns(task)
-  best.check_metric(config.checkpoints.keep_best, evaluate.eval_keys(metrics))
+  best.check_metric(config.evaluation.keep_best, evaluate.eval_keys(metrics))
   context = inputs.input_context(strategy)
-  keras.utils.set_random_seed(config.loop.seed)
+  keras.utils.set_random_seed(config.randomness.seed)
   data = inputs.TrainData(task, context, config.data, setup.global_batch,
-                          config.loop.seed)
+                          config.randomness.seed)
   total_steps = (config.loop.train_steps or
                  config.loop.epochs * data.steps_per_epoch)
   logging.info(
@@ -288,10 +289,10 @@ def _build_state(task: Task, config: Config, setup: _Setup) -> _State:
     # slots are mirrored variables and not created inside the trace; the
     # averages and the best evaluation's record likewise.
     optimizer.build(model.trainable_variables)
-    ema = (ema_lib.EMA(model.trainable_variables, config.loop.ema_decay)
-           if config.loop.ema_decay else None)
+    ema = (ema_lib.EMA(model.trainable_variables, config.optimization.ema_decay)
+           if config.optimization.ema_decay else None)
     best_state = (best.BestState() if best.tracked_metric(
-        config.checkpoints.keep_best, config.loop.early_stopping_patience)
+        config.evaluation.keep_best, config.evaluation.early_stopping_patience)
                   else None)
   extras = {k: v.trackable() for k, v in (("ema", ema), ("best", best_state))
             if v is not None}
@@ -317,7 +318,7 @@ def _build_state(task: Task, config: Config, setup: _Setup) -> _State:
       strategy, step.make_replica_step(
           task, model, optimizer, metrics,
           distribution=config.distribution,
-          optimization=config.optimization,
+          optimization=config.optimization, batchnorm=config.batchnorm,
           batch_size_per_replica=config.data.batch_size_per_replica,
           ema=ema),
       names, exchange_votes=_exchanged(config, setup))
@@ -334,8 +335,8 @@ def build_model(task: Task, config: Config) -> keras.Model:
   if not isinstance(model, keras.Model):
     raise ConfigError(f"task {task.name}: build_model() returned "
                       f"{type(model).__name__}, not a keras.Model.")
-  batchnorm.configure(model, synchronized=config.distribution.sync_batchnorm,
-                      fused=config.optimization.fused_batchnorm)
+  batchnorm.configure(model, synchronized=config.batchnorm.sync_batchnorm,
+                      fused=config.batchnorm.fused_batchnorm)
   if config.initialization.freeze:  # before the optimizer takes the variables
     init_weights.freeze(model, config.initialization.freeze)
   return model
@@ -393,7 +394,7 @@ def _make_hooks(task: Task, config: Config, setup: _Setup, state: _State,
   comm_hook = comm.CommHook(config.distribution, config.optimization,
                             config.data.batch_size_per_replica,
                             state.optimizer, state.model.trainable_variables,
-                            setup.replicas)
+                            setup.replicas, config.batchnorm.sync_batchnorm)
   hook_list.extend([*report_hooks, *extra, eval_hook, *loop_hooks, comm_hook,
                     memory.TrimHook(setup.malloc_tuned), resource_hook,
                     ckpt_hook])
@@ -409,11 +410,11 @@ def _eval_hook(task, config, setup, state, watch, on_result):
   built = inputs.eval_inputs(task, inputs.input_context(setup.strategy),
                              setup.global_batch)
   keys = evaluate.eval_keys(state.metrics)
-  every = config.loop.eval_every
-  if built is None or config.loop.mode == "train":
+  every = config.evaluation.eval_every
+  if built is None or config.evaluation.mode == "train":
     needs = [(f, v) for f, v in (
-        ("eval_every", every), ("keep_best", config.checkpoints.keep_best),
-        ("early_stopping_patience", config.loop.early_stopping_patience))
+        ("eval_every", every), ("keep_best", config.evaluation.keep_best),
+        ("early_stopping_patience", config.evaluation.early_stopping_patience))
              if v]
     if built is None and needs:
       raise flag_error(*needs[0], f"task {task.name} has no evaluation data "
@@ -431,12 +432,12 @@ def _eval_hook(task, config, setup, state, watch, on_result):
 
 def _best_hook(task, config, setup, state):
   """--keep_best / --early_stopping_patience's hook, or None."""
-  metric = best.tracked_metric(config.checkpoints.keep_best,
-                               config.loop.early_stopping_patience)
-  if not metric or config.loop.mode == "train":
+  metric = best.tracked_metric(config.evaluation.keep_best,
+                               config.evaluation.early_stopping_patience)
+  if not metric or config.evaluation.mode == "train":
     return None
   on_best = None
-  if config.checkpoints.keep_best:
+  if config.evaluation.keep_best:
     best_dir = os.path.join(setup.output_dir, "best")
 
     def export(path):
@@ -447,7 +448,7 @@ def _best_hook(task, config, setup, state):
         lambda s: state.checkpointer.save_best(
             os.path.join(best_dir, "checkpoints"), s),
         export if config.reporting.export else None)
-  return best.BestHook(metric, config.loop.early_stopping_patience,
+  return best.BestHook(metric, config.evaluation.early_stopping_patience,
                        state.best_state, on_best)
 
 
@@ -496,8 +497,8 @@ def _summarize(task, config, setup, state, history, steady) -> dict:
       "malloc_tuned": setup.malloc_tuned,
       **_onednn_state(),
       "collectives_per_step": collectives,
-      "mode": config.loop.mode,
-      "ema_decay": config.loop.ema_decay,
+      "mode": config.evaluation.mode,
+      "ema_decay": config.optimization.ema_decay,
   })
   return summary
 

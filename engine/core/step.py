@@ -16,7 +16,8 @@ from typing import Callable, Optional, Sequence, Tuple
 import keras
 import tensorflow as tf
 
-from engine.config import DistributionConfig, OptimizationConfig
+from engine.config import BatchNormConfig, DistributionConfig
+from engine.config import OptimizationConfig
 from engine.core import batchnorm
 from engine.core.checks import checked_loss, checked_metric
 from engine.core.optimizers import uses_loss_scaling
@@ -129,6 +130,7 @@ def check_forward(task: Task, model, metrics, element_spec) -> None:
 def make_replica_step(task: Task, model, optimizer, metrics, *,
                       distribution: DistributionConfig,
                       optimization: OptimizationConfig,
+                      batchnorm: BatchNormConfig,
                       batch_size_per_replica: int, ema=None) -> Callable:
   """Returns the per-replica step: forward, backward, one all-reduce, update.
 
@@ -157,7 +159,7 @@ def make_replica_step(task: Task, model, optimizer, metrics, *,
   # Synchronized BatchNorm: an empty replica runs the model on a padded row
   # (the fused path masks it out); Keras's own layer (--nofused_batchnorm)
   # counts rows itself, so it gets the empty batch (engine/onednn.py).
-  pad_empty = distribution.sync_batchnorm and optimization.fused_batchnorm
+  pad_empty = batchnorm.sync_batchnorm and batchnorm.fused_batchnorm
 
   def replica_step(features, labels):
     ctx = tf.distribute.get_replica_context()
@@ -180,7 +182,7 @@ def make_replica_step(task: Task, model, optimizer, metrics, *,
                    if wire_dtype is not None else None)
     grads, sums = _accumulate(forward_backward, variables, features, labels,
                               scale, accum, batch_size_per_replica,
-                              distribution.sync_batchnorm, len(metrics))
+                              batchnorm.sync_batchnorm, len(metrics))
     nominal_count = float(batch_size_per_replica * accum *
                           ctx.num_replicas_in_sync)
     grads = _mean_gradients(ctx, grads, local_count, early_count, options,

@@ -67,8 +67,9 @@ class CommHook(hooks.Hook):
 
   def __init__(self, distribution: DistributionConfig,
                optimization: OptimizationConfig, batch_size_per_replica: int,
-               optimizer, variables, replicas: int):
+               optimizer, variables, replicas: int, sync_batchnorm: bool):
     self._dist = distribution
+    self._sync_batchnorm = sync_batchnorm
     self._opt = optimization
     self._optimizer = optimizer
     self._bytes, self._packs = gradient_bytes(variables, distribution)
@@ -85,7 +86,7 @@ class CommHook(hooks.Hook):
         optimization.grad_accum_steps, batch_size_per_replica,
         optimization.mixed_precision,
         "on" if optimization.jit_compile else "off",
-        "on" if distribution.sync_batchnorm else "off")
+        "on" if sync_batchnorm else "off")
 
   def after_loop(self, step, rows, seconds):
     self._steps_run += len(rows)
@@ -98,7 +99,7 @@ class CommHook(hooks.Hook):
         "allreduce_packs": self._packs,
         "mixed_precision": self._opt.mixed_precision,
         "jit_compile": self._opt.jit_compile,
-        "sync_batchnorm": self._dist.sync_batchnorm,
+        "sync_batchnorm": self._sync_batchnorm,
     })
     if uses_loss_scaling(self._opt):
       summary["loss_scale"] = float(self._optimizer.dynamic_scale.numpy())

@@ -12,7 +12,7 @@ import tensorflow as tf
 from tensorflow.python.distribute import cross_device_ops as cross_device_ops_lib
 from tensorflow.python.distribute import cross_device_utils
 
-from engine.config import DistributionConfig
+from engine.config import Config, DistributionConfig
 from engine.errors import ConfigError, flag_error
 
 _Impl = tf.distribute.experimental.CommunicationImplementation
@@ -20,7 +20,18 @@ _KEY_RANGE = 100_000
 _strategies_made = itertools.count(1)
 
 
-def configure_host(cpu_devices: int) -> None:
+def configure_host(config: Config) -> None:
+  """Sets up this host for `config`'s run (`engine.configure_host`): splits
+  the CPU into --cpu_devices logical devices. Call it before TensorFlow runs
+  any op; the command line does.
+
+  Raises:
+    ConfigError: TensorFlow already started with fewer logical CPUs.
+  """
+  split_cpu(config.distribution.cpu_devices)
+
+
+def split_cpu(cpu_devices: int) -> None:
   """Splits the host CPU into `cpu_devices` logical devices (0: leave as is).
 
   Safe to call again in one process: a split that already gives at least

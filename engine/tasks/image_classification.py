@@ -21,6 +21,7 @@ from absl import flags
 
 from engine import cli
 from engine import models
+from engine.config import check_options, option
 from engine.errors import flag_error
 from engine.task import Task
 
@@ -31,66 +32,53 @@ from engine.task import Task
 
 AUGMENT_OPS = ("flip", "crop")  # data/augment.py
 
-HELP = {
-    "model": "mobilenet_v2 or small_cnn.",
-    "dataset": "synthetic, folder:/path (one sub-directory per class) or any "
-               "TensorFlow Datasets name (cats_vs_dogs, ...).",
-    "data_dir": "TensorFlow Datasets dir.",
-    "train_split": "Split expression for training, e.g. train[:80%].",
-    "eval_split": "Split expression to evaluate on, e.g. test or train[80%:] "
-                  "(empty: no evaluation, unless --eval_dataset or a "
-                  "train/+val/ folder gives evaluation data).",
-    "eval_dataset": "Evaluation data elsewhere: folder:/path or a TensorFlow "
-                    "Datasets name (--eval_split selects in it; default: "
-                    "train, all of a folder).",
-    "strict_images": "Stop at the first image that cannot be decoded "
-                     "(default: skip it, count it, name it in the log).",
-    "download": "Let tfds download and prepare a missing data set.",
-    "image_size": "Image side, pixels.",
-    "num_classes": "Classes of the synthetic data set.",
-    "synthetic_examples": "Examples in one epoch of the synthetic data set.",
-    "cache": "Cache decoded images: memory, or a file path prefix (empty: no "
-             "cache).",
-    "label_smoothing": "Label smoothing e of the cross-entropy (training and "
-                       "evaluation loss): 1-e on the label, e spread over "
-                       "all classes.",
-    "augment": "Training augmentation, a comma list: flip (random horizontal "
-               "flip), crop (pad-and-crop up to 64 px, random resized crop "
-               "above); seeded by --seed and the step.",
-}
-
 
 @dataclasses.dataclass(frozen=True)
 class ImageClassificationConfig:
-  """The built-in task's own flags; validated when made."""
-  model: str = "mobilenet_v2"
-  dataset: str = "synthetic"
-  data_dir: Optional[str] = None
-  train_split: str = "train"
-  eval_split: str = ""  # split expression to evaluate on; "" = no evaluation
-  download: bool = True
-  image_size: int = 224
-  num_classes: int = 10  # synthetic data set only; tfds data sets say their own
-  synthetic_examples: int = 2048
-  cache: str = ""  # "" = none, "memory", or a file path prefix
-  label_smoothing: float = 0.0
-  augment: str = ""  # comma list of data/augment.py's OPS; "" = none
-  eval_dataset: str = ""  # "" = evaluate on --dataset
-  strict_images: bool = False
+  """The built-in task's own flags, declared as the engine's are
+  (engine/config.py's `option`); validated when made."""
+  model: str = option("mobilenet_v2", "The model (models/).",
+                      choices=tuple(sorted(models.MODELS)))
+  dataset: str = option(
+      "synthetic", "synthetic, folder:/path (one sub-directory per class) or "
+      "any TensorFlow Datasets name (cats_vs_dogs, ...).")
+  data_dir: Optional[str] = option(None, "TensorFlow Datasets dir.")
+  train_split: str = option(
+      "train", "Split expression for training, e.g. train[:80%].")
+  eval_split: str = option(
+      "", "Split expression to evaluate on, e.g. test or train[80%:] (empty: "
+      "no evaluation, unless --eval_dataset or a train/+val/ folder gives "
+      "evaluation data).")
+  download: bool = option(
+      True, "Let tfds download and prepare a missing data set.")
+  image_size: int = option(
+      224, "Image side, pixels.", at_least=32,
+      problem="must be at least 32 (the models downsample 5 times).")
+  num_classes: int = option(
+      10, "Classes of the synthetic data set (tfds data sets and folders say "
+      "their own).", at_least=2, problem="must be at least 2.")
+  synthetic_examples: int = option(
+      2048, "Examples in one epoch of the synthetic data set.", above=0)
+  cache: str = option(
+      "", "Cache decoded images: memory, or a file path prefix (empty: no "
+      "cache).")
+  label_smoothing: float = option(
+      0.0, "Label smoothing e of the cross-entropy (training and evaluation "
+      "loss): 1-e on the label, e spread over all classes.", at_least=0,
+      below=1, problem="must be in [0, 1), e.g. 0.1.")
+  augment: str = option(
+      "", "Training augmentation, a comma list: flip (random horizontal "
+      "flip), crop (pad-and-crop up to 64 px, random resized crop above); "
+      "seeded by --seed and the step.")
+  eval_dataset: str = option(
+      "", "Evaluation data elsewhere: folder:/path or a TensorFlow Datasets "
+      "name (--eval_split selects in it; default: train, all of a folder).")
+  strict_images: bool = option(
+      False, "Stop at the first image that cannot be decoded (default: skip "
+      "it, count it, name it in the log).")
 
   def __post_init__(self):
-    if self.model not in models.MODELS:
-      raise flag_error("model", self.model,
-                       f"unknown; valid: {', '.join(sorted(models.MODELS))}.")
-    for name in ("image_size", "num_classes", "synthetic_examples"):
-      value = getattr(self, name)
-      if not (isinstance(value, int) and value > 0):
-        raise flag_error(name, value, "must be a positive integer.")
-    if self.num_classes < 2:
-      raise flag_error("num_classes", self.num_classes, "must be at least 2.")
-    if self.image_size < 32:
-      raise flag_error("image_size", self.image_size,
-                       "must be at least 32 (the models downsample 5 times).")
+    check_options(self)
     if self.dataset in ("", "folder:"):
       raise flag_error("dataset", self.dataset, "names no data set; use "
                        "synthetic, folder:/path or a TensorFlow Datasets name.")
@@ -101,10 +89,6 @@ class ImageClassificationConfig:
     if self.cache and self.dataset == "synthetic":
       raise flag_error("cache", self.cache, "the synthetic data set is "
                        "generated per batch and has nothing to cache; drop it.")
-    if not (isinstance(self.label_smoothing, (int, float)) and
-            0.0 <= self.label_smoothing < 1.0):
-      raise flag_error("label_smoothing", self.label_smoothing,
-                       "must be in [0, 1), e.g. 0.1.")
     augment_ops(self.augment)
     cache_dir = os.path.dirname(os.path.abspath(self.cache))
     if self.cache not in ("", "memory") and not os.path.isdir(cache_dir):
@@ -286,7 +270,7 @@ class ImageClassification(Task):
 def define_flags(flag_values=flags.FLAGS, module_name=None):
   """Defines the task's flags (--model, --dataset, ...)."""
   return cli.define_dataclass_flags(
-      ImageClassificationConfig, HELP, flag_values=flag_values,
+      ImageClassificationConfig, flag_values=flag_values,
       module_name=module_name or cli.caller_module())
 
 
@@ -296,16 +280,16 @@ def from_flags(config, flag_values=flags.FLAGS) -> ImageClassification:
   Raises:
     ConfigError: a bad task flag, or --eval_every without --eval_split.
   """
-  fields = dataclasses.fields(ImageClassificationConfig)
-  task_config = ImageClassificationConfig(
-      **{f.name: flag_values[f.name].value for f in fields})
-  if (config.loop.eval_every and not task_config.eval_split and
+  names = [f.name for f in dataclasses.fields(ImageClassificationConfig)]
+  task_config = ImageClassificationConfig(**cli.flag_values_of(
+      ImageClassificationConfig, names, flag_values))
+  if (config.evaluation.eval_every and not task_config.eval_split and
       not task_config.eval_dataset and not _split_folder(task_config.dataset)):
-    raise flag_error("eval_every", config.loop.eval_every,
+    raise flag_error("eval_every", config.evaluation.eval_every,
                      "needs --eval_split, the split to evaluate on (e.g. "
                      "test or train[80%:]), or --eval_dataset.")
   return ImageClassification(
-      task_config, seed=config.loop.seed,
+      task_config, seed=config.randomness.seed,
       init_weights=config.initialization.init_weights,
       listing_dir=config.checkpoints.model_dir)
 
@@ -330,7 +314,7 @@ def configs(**fields):
 
       config, image = configs(model="small_cnn", train_steps=100)
       engine.run(ImageClassification(
-          image, seed=config.loop.seed,
+          image, seed=config.randomness.seed,
           init_weights=config.initialization.init_weights), config)
 
   Raises:
