@@ -36,23 +36,27 @@ GRAD_COMPRESSIONS = ("none", "fp16", "bf16")
 MIXED_PRECISIONS = ("none", "mixed_float16", "mixed_bfloat16")
 _COPY_OPS = ("hierarchical_copy", "reduce_to_one_device")
 MODES = ("train_and_eval", "train", "eval")
+# --seed: TensorFlow takes a global seed modulo 2**31 - 1, so larger seeds
+# would repeat smaller ones' orders and weights.
+SEED_MAX = 2**31 - 2
 
 
 def option(default, help: str, *, choices: Sequence[str] = (),  # pylint: disable=redefined-builtin
-           at_least=None, above=None, below=None, problem: str = ""):
+           at_least=None, above=None, below=None, at_most=None,
+           problem: str = ""):
   """A config field with everything the CLI and the docs say about it.
 
   Args:
     default: the default value (its type is the field's).
     help: one or two sentences: what it does, in the user's words.
     choices: the only values allowed (a string field).
-    at_least, above, below: bounds (>=, >, <) on a number.
+    at_least, above, below, at_most: bounds (>=, >, <, <=) on a number.
     problem: the error's text when a bound is broken, if the generic one
       ("must be a positive integer.") would not say enough.
   """
   return dataclasses.field(default=default, metadata={
       "help": help, "choices": tuple(choices), "at_least": at_least,
-      "above": above, "below": below, "problem": problem})
+      "above": above, "below": below, "at_most": at_most, "problem": problem})
 
 
 def element_type(field: dataclasses.Field):
@@ -71,6 +75,8 @@ def bounds_text(field: dataclasses.Field) -> str:
     return ""
   if meta["below"] is not None:
     return f"{'(' if low_open else '['}{low}, {meta['below']})"
+  if meta["at_most"] is not None:
+    return f"{'(' if low_open else '['}{low}, {meta['at_most']}]"
   kind = "integer " if _is_int(field.default) else ""
   return f"{kind}{'>' if low_open else '>='} {low}"
 
@@ -90,11 +96,12 @@ def _problem(field: dataclasses.Field, value) -> Optional[str]:
     return None
   number = _is_int(value) or (not integer and isinstance(value, float))
   if number and (value > low if low_open else value >= low) and (
-      meta["below"] is None or value < meta["below"]):
+      meta["below"] is None or value < meta["below"]) and (
+          meta["at_most"] is None or value <= meta["at_most"]):
     return None
   if meta["problem"]:
     return meta["problem"]
-  if meta["below"] is not None:
+  if meta["below"] is not None or meta["at_most"] is not None:
     return f"must be in {bounds_text(field)}."
   if low == 0 and integer:
     return f"must be a {'positive' if low_open else 'non-negative'} integer."
@@ -481,8 +488,13 @@ class InitializationConfig:
 @dataclasses.dataclass(frozen=True)
 class RandomnessConfig:
   """What every random draw of a run is a function of: the initial weights,
-  the data order, the task's augmentation."""
-  seed: int = option(42, "Seed for weights and data order.")
+  the data order, the model's random layers and the task's augmentation
+  (engine/core/randomness.py)."""
+  seed: int = option(
+      42, "Seed for weights, data order and the model's random layers.",
+      at_least=0, at_most=SEED_MAX,
+      problem=f"must be an integer from 0 to {SEED_MAX} (TensorFlow takes "
+      "seeds modulo 2**31 - 1).")
 
   def __post_init__(self):
     check_options(self)

@@ -19,6 +19,7 @@ batches before s in it, as the default path does.
 import tensorflow as tf
 from tensorflow.python.distribute import input_ops  # pylint: disable=g-direct-tensorflow-import
 
+from engine.core import randomness
 from engine.errors import flag_error
 
 _FILE = tf.data.experimental.AutoShardPolicy.FILE
@@ -82,15 +83,17 @@ def worker_items(examples: tf.data.Dataset, num_examples: int, *,
         "--batch_size_per_replica or drop --shard_files.")
   first_epoch = start_step // per_epoch
 
+  global_seed, offset = randomness.shuffle_seeds(seed)
+
   def epoch(e):
     ds = examples
     if shuffle_buffer:
-      ds = ds.shuffle(shuffle_buffer, seed=e * _EPOCH_STRIDE + worker)
+      ds = ds.shuffle(shuffle_buffer, seed=e * _EPOCH_STRIDE + worker + offset)
     return ds.batch(batch, drop_remainder=True)
 
   # The shuffle's seed pair is (--seed, its own): a function of (seed,
   # epoch, worker) only.
-  tf.random.set_seed(seed)
+  tf.random.set_seed(global_seed)
   ds = tf.data.Dataset.range(first_epoch, tf.int64.max).flat_map(epoch)
   ds = ds.skip(start_step - first_epoch * per_epoch)
   positions = tf.range(worker * batch, (worker + 1) * batch, dtype=tf.int64)
