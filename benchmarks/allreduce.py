@@ -118,9 +118,11 @@ def iters_for(nbytes: int, args) -> int:
 
 
 def bench_mirrored(args, tcp):
-  from engine.distribute import devices, memory  # pylint: disable=g-import-not-at-top
   from engine.config import DistributionConfig  # pylint: disable=g-import-not-at-top
-  devices.split_cpu(args.cpu_devices)
+  from engine.distribute import devices  # pylint: disable=g-import-not-at-top
+  from engine.distribute import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
+  from engine.host import cpus, memory  # pylint: disable=g-import-not-at-top
+  cpus.split_cpu(args.cpu_devices)
   memory.tune_malloc()  # as training does
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   gpus = len(tf.config.list_logical_devices("GPU"))
@@ -134,7 +136,7 @@ def bench_mirrored(args, tcp):
   for op in ops:
     config = DistributionConfig(cpu_devices=0 if gpus else args.cpu_devices,
                                 cross_device_ops=op)
-    strategy = devices.make_strategy(config)
+    strategy = strategy_lib.make_strategy(config)
     name = f"mirrored/{op}"
     for nbytes in sizes(args):
       seconds, _ = time_all_reduce(strategy, nbytes, iters_for(nbytes, args),
@@ -169,8 +171,9 @@ def bench_workers(args, tcp):
 
 def worker_main(args):
   """One worker: builds MWMS as training does, prints rows (chief's kept)."""
-  from engine.distribute import cluster, devices, memory  # pylint: disable=g-import-not-at-top
   from engine.config import DistributionConfig  # pylint: disable=g-import-not-at-top
+  from engine.distribute import cluster, devices  # pylint: disable=g-import-not-at-top
+  from engine.host import memory  # pylint: disable=g-import-not-at-top
   config = DistributionConfig(
       strategy="multi_worker", cross_device_ops=args.cross_device_ops,
       worker_hosts=tuple(args.worker_hosts.split(",")),

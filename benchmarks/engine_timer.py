@@ -8,7 +8,7 @@ def engine_rate(fields: dict, warmup: int, steps: int) -> float:
   """Examples/s of steps warmup+1 .. warmup+steps of the built-in job made
   from `fields` (flag names); host calls stop at both marks."""
   import engine  # pylint: disable=g-import-not-at-top
-  from engine.core import hooks  # pylint: disable=g-import-not-at-top
+  from engine import hooks  # pylint: disable=g-import-not-at-top
   from engine.tasks import image_classification as ic  # pylint: disable=g-import-not-at-top
 
   class Timer(hooks.Hook):

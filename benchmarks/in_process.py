@@ -1,4 +1,4 @@
-"""The in-process runners that benchmarks.seed_table and benchmarks.summaries
+"""The in-process runners that benchmarks.seed_table and benchmarks.tensorboard_cost
 time: the engine (`engine.run` with a timing hook) and Keras `fit`, on the
 image task's data, with the flags they share.
 
@@ -44,10 +44,10 @@ def _common(fields):
   import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from engine.core import inputs  # pylint: disable=g-import-not-at-top
-  from engine.distribute import devices  # pylint: disable=g-import-not-at-top
+  from engine.distribute import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
   from engine.tasks import image_classification as ic  # pylint: disable=g-import-not-at-top
   config, image = ic.configs(**fields)
-  strategy = devices.make_strategy(config.distribution)
+  strategy = strategy_lib.make_strategy(config.distribution)
   global_batch = (config.data.batch_size_per_replica *
                   strategy.num_replicas_in_sync)
   task = ic.ImageClassification(image, seed=config.randomness.seed)

@@ -29,7 +29,7 @@ from absl import app
 from absl import flags
 
 from benchmarks import variants
-from engine.core import hooks
+from engine import hooks
 
 flags.DEFINE_enum("variant", None, ["folder", "tfds", "memory"],
                   "Internal: run one variant in this process.")
@@ -66,8 +66,8 @@ class StepTimer(hooks.Hook):
 
 
 def child():
-  from engine.distribute import devices  # pylint: disable=g-import-not-at-top
-  devices.split_cpu(FLAGS.cpu_devices)
+  from engine.host import cpus  # pylint: disable=g-import-not-at-top
+  cpus.split_cpu(FLAGS.cpu_devices)
   import engine  # pylint: disable=g-import-not-at-top
   from engine.tasks import image_classification as ic  # pylint: disable=g-import-not-at-top
   images = os.path.join(FLAGS.work_dir, "images")
@@ -93,12 +93,12 @@ def child():
 
 
 def prepare(work_dir: str) -> None:
-  from engine.data import export  # pylint: disable=g-import-not-at-top
+  from engine.data import to_tfds  # pylint: disable=g-import-not-at-top
   classes = [f"class_{k}" for k in range(5)]
-  export.write_sample_folder(
+  to_tfds.write_sample_folder(
       os.path.join(work_dir, "images"), classes, FLAGS.images // 5,
       formats=("jpg",), size=(FLAGS.source_size, FLAGS.source_size))
-  export.write(f"folder:{os.path.join(work_dir, 'images')}", _NAME,
+  to_tfds.write(f"folder:{os.path.join(work_dir, 'images')}", _NAME,
                os.path.join(work_dir, "tfds"), num_shards=4)
 
 

@@ -112,14 +112,14 @@ def _rates(dataset, images: int):
 
 def pipeline():
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from engine.data import export  # pylint: disable=g-import-not-at-top
+  from engine.data import to_tfds  # pylint: disable=g-import-not-at-top
   from engine.config import Config  # pylint: disable=g-import-not-at-top
   from engine.core import inputs  # pylint: disable=g-import-not-at-top
   from engine.tasks import image_classification as ic  # pylint: disable=g-import-not-at-top
   work = tempfile.mkdtemp(prefix="tfengine_decode_")
   try:
     folder = os.path.join(work, "images")
-    export.write_sample_folder(folder, [f"c{k}" for k in range(4)],
+    to_tfds.write_sample_folder(folder, [f"c{k}" for k in range(4)],
                                FLAGS.images // 4, formats=("jpg",),
                                size=(224, 224))
     images = FLAGS.images // 4 * 4
@@ -186,9 +186,9 @@ def counters(steps: int = 4, global_batch: int = 64):
   from engine.tasks import image_classification as ic  # pylint: disable=g-import-not-at-top
   from engine.config import Config  # pylint: disable=g-import-not-at-top
   work = tempfile.mkdtemp(prefix="tfengine_counters_")
-  folder = export.write_sample_folder(os.path.join(work, "f"), ["a", "b"],
+  folder = to_tfds.write_sample_folder(os.path.join(work, "f"), ["a", "b"],
                                       160, formats=("jpg",), size=(16, 16))
-  export.write(f"folder:{folder}", "counted", os.path.join(work, "tfds"),
+  to_tfds.write(f"folder:{folder}", "counted", os.path.join(work, "tfds"),
                num_shards=4)
   sources = {"synthetic": {}, "folder": dict(dataset=f"folder:{folder}"),
              "tfds": dict(dataset="counted",

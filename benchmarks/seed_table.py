@@ -187,9 +187,9 @@ def run_mirrored(cells, tmp):
 def cells_child():
   """Runs the --cells spec with --runner (engine or fit) in this process."""
   import engine  # pylint: disable=g-import-not-at-top
-  from engine.distribute import devices  # pylint: disable=g-import-not-at-top
+  from engine.host import cpus  # pylint: disable=g-import-not-at-top
   from engine.tasks import image_classification as ic  # pylint: disable=g-import-not-at-top
-  devices.split_cpu(FLAGS.cpu_devices)
+  cpus.split_cpu(FLAGS.cpu_devices)
   with open(FLAGS.cells) as f:
     cells = json.load(f)
   results = []

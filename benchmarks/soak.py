@@ -27,7 +27,7 @@ import tempfile
 import threading
 import time
 
-from engine.distribute import resources
+from engine.host import resources
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 THREAD_SLACK = 10

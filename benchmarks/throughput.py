@@ -175,12 +175,12 @@ def main(argv):
     from engine import onednn  # pylint: disable=g-import-not-at-top
     from engine.tasks import image_classification as ic  # pylint: disable=g-import-not-at-top
     onednn.turn_off_for(ic.configs(**_fields())[0])
-    from engine.distribute import devices  # pylint: disable=g-import-not-at-top
-    devices.split_cpu(FLAGS.cpu_devices if FLAGS.strategy == "mirrored"
+    from engine.host import cpus  # pylint: disable=g-import-not-at-top
+    cpus.split_cpu(FLAGS.cpu_devices if FLAGS.strategy == "mirrored"
                            else 0)
     rate = run_engine(_fields())
-    from engine.core import run  # pylint: disable=g-import-not-at-top
-    onednn = run._onednn_state()["onednn"]  # pylint: disable=protected-access
+    from engine.core import summary  # pylint: disable=g-import-not-at-top
+    onednn = summary.onednn_state()["onednn"]
     print("RESULT " + json.dumps({"variant": "engine", "rate": rate,
                                   "onednn": onednn}))
   else:

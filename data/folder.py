@@ -17,7 +17,6 @@ A folder whose top level is `train/` plus `val/`, `validation/` or `test/`
 holds two data sets: `--train_split` reads `train/`, the evaluation reads the
 other (`split_dirs`).
 """
-import dataclasses
 import os
 from typing import Optional, Tuple
 
@@ -25,20 +24,14 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
+from engine.data import listing as cache
+from engine.data.listing import Listing
 from engine.errors import flag_error
 
 PREFIX = "folder:"
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp")
 TRAIN_DIR = "train"
 EVAL_DIRS = ("val", "validation", "test")  # the first one present is used
-
-
-@dataclasses.dataclass(frozen=True)
-class Listing:
-  """The example list of a folder: paths[i] has label labels[i]."""
-  class_names: Tuple[str, ...]
-  paths: Tuple[str, ...]
-  labels: Tuple[int, ...]
 
 
 def is_folder(dataset: str) -> bool:
@@ -126,7 +119,6 @@ def list_images(dataset: str, cache_dir: Optional[str] = None,
   Raises:
     ConfigError: see `scan`.
   """
-  from engine.data import listing as cache  # pylint: disable=g-import-not-at-top
   root = os.path.abspath(root or root_of(dataset))
   found = cache.load(cache_dir, root)
   if found is None:

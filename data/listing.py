@@ -8,14 +8,23 @@ new sub-directory changes its parent's, so comparing those times (one `stat`
 per directory, not per file) tells whether the list is still the folder's.
 A file rewritten in place keeps the list valid: only names are cached.
 """
+import dataclasses
 import hashlib
 import json
 import os
-from typing import Optional
+from typing import Optional, Tuple
 
 from absl import logging
 
 _VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Listing:
+  """The example list of a folder: paths[i] has label labels[i]."""
+  class_names: Tuple[str, ...]
+  paths: Tuple[str, ...]
+  labels: Tuple[int, ...]
 
 
 def path_for(cache_dir: str, root: str) -> str:
@@ -29,7 +38,6 @@ def _mtimes(dirs):
 
 def load(cache_dir: Optional[str], root: str):
   """The cached Listing of `root`, or None (no cache, or the folder changed)."""
-  from engine.data.folder import Listing  # pylint: disable=g-import-not-at-top
   if not cache_dir:
     return None
   path = path_for(cache_dir, root)

@@ -71,9 +71,9 @@ _API = {
     "ClusterError": "engine.errors", "ConfigError": "engine.errors",
     "Diverged": "engine.errors", "ExitCode": "engine.errors",
     "Preempted": "engine.errors", "ResourceStop": "engine.errors",
-    "Hook": "engine.core.hooks", "Rows": "engine.core.hooks",
+    "Hook": "engine.hooks", "Rows": "engine.hooks",
     "Result": "engine.core.run", "run": "engine.core.run",
-    "configure_host": "engine.distribute.devices",
+    "configure_host": "engine.host.cpus",
     "Task": "engine.task",
 }
 _MODULES = ("classification", "cli")

@@ -38,6 +38,7 @@ from absl import flags
 from absl import logging
 
 from engine import config as config_lib
+from engine import options
 from engine.errors import ClusterError, ConfigError, Diverged, ExitCode
 from engine.errors import Preempted, ResourceStop, flag_error
 
@@ -52,13 +53,13 @@ def caller_module(depth: int = 2) -> str:
 
 def help_text(field: dataclasses.Field) -> str:
   """A field's flag help: its help, and its bounds if it has any."""
-  bounds = config_lib.bounds_text(field)
+  bounds = options.bounds_text(field)
   return field.metadata["help"] + (f" [{bounds}]" if bounds else "")
 
 
 def define_dataclass_flags(cls, *, flag_values=flags.FLAGS,
                            module_name: Optional[str] = None) -> List[str]:
-  """Defines one flag per field of `cls`, made with `config.option` (its
+  """Defines one flag per field of `cls`, made with `options.option` (its
   default, help, choices); returns the names defined (a name the script
   already has is skipped)."""
   module_name = module_name or caller_module()
@@ -70,7 +71,7 @@ def define_dataclass_flags(cls, *, flag_values=flags.FLAGS,
     kw = dict(flag_values=flag_values, module_name=module_name)
     if f.metadata["choices"]:
       flags.DEFINE_enum(f.name, default, f.metadata["choices"], text, **kw)
-    elif config_lib.element_type(f) is not None:
+    elif options.element_type(f) is not None:
       flags.DEFINE_list(f.name, [str(v) for v in default], text, **kw)
     elif isinstance(default, bool):
       flags.DEFINE_boolean(f.name, default, text, **kw)
@@ -96,7 +97,7 @@ def flag_values_of(cls, names, flag_values=flags.FLAGS) -> dict:
     if f.name not in names:
       continue
     value = flag_values[f.name].value
-    kind = config_lib.element_type(f)
+    kind = options.element_type(f)
     if kind is not None:
       value = _items(f.name, value or (), kind)
     values[f.name] = value
@@ -194,14 +195,15 @@ def main(make_task: MakeTask, argv, *, callbacks=()) -> None:
   # the engine's environment defaults (engine/__init__.py) are already set.
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from engine.core.run import run as run_task  # pylint: disable=g-import-not-at-top
-  from engine.distribute import cluster, devices  # pylint: disable=g-import-not-at-top
+  from engine.distribute import cluster  # pylint: disable=g-import-not-at-top
+  from engine.host import cpus  # pylint: disable=g-import-not-at-top
   try:
     # SIGTERM before the first step (from then on engine/core/preemption.py
     # only notes it, to save at an agreed step) exits through SystemExit, so
     # atexit clean-up (a non-chief's temporary directory) still runs.
     signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(128 + signum))
     # Logical devices must exist before TensorFlow runs any op.
-    devices.configure_host(config)
+    cpus.configure_host(config)
     made = make_task(config)
     task, config = made if isinstance(made, tuple) else (made, config)
     run_task(task, config, callbacks=(callbacks(config) if callable(callbacks)

@@ -14,7 +14,8 @@ import time
 from absl import flags
 
 from engine import main
-from engine.core import checkpoint, evaluate, hooks, run
+from engine import hooks
+from engine.core import checkpoint, evaluate, run_hooks
 
 PHASE = os.environ.get("PAUSE_IN", "")
 STEP = int(os.environ.get("PAUSE_STEP", "0"))
@@ -45,12 +46,12 @@ def patch():
   if flags.FLAGS.task_index != TASK:
     return
   if PHASE == "between":
-    make = run._make_hooks  # pylint: disable=protected-access
+    make = run_hooks.make_hooks
 
     def with_pause(task, config, setup, state, watch, extra, stop):
       return make(task, config, setup, state, watch, [*extra, PauseHook()],
                   stop)
-    run._make_hooks = with_pause  # pylint: disable=protected-access
+    run_hooks.make_hooks = with_pause
   elif PHASE == "eval":
     evaluate_once = evaluate.Evaluator.evaluate
 

@@ -5,7 +5,7 @@ import pytest
 from conftest import conv_bn_task
 from engine import Config
 from engine.core import batchnorm
-from engine.distribute import devices
+from engine.distribute import strategy as strategy_lib
 
 RTOL = 1e-4
 
@@ -111,7 +111,7 @@ def test_synchronized_is_one_all_reduce_and_matches_keras(monkeypatch):
   # Through the engine: each strategy it makes gets collective keys of its
   # own (a bare MirroredStrategy would reuse the last one's, and meet any
   # collective an earlier test in this process left pending).
-  strategy = devices.make_strategy(Config.create(cpu_devices=2).distribution)
+  strategy = strategy_lib.make_strategy(Config.create(cpu_devices=2).distribution)
   rng = np.random.default_rng(1)
   x = rng.normal(1, 2, (6, 6, 5, 4)).astype(np.float32)
   results = {}

@@ -11,9 +11,9 @@ import tensorflow as tf
 
 from conftest import conv_bn_task, run_job, tiny_config, train_batches
 from engine.config import Config
-from engine.core import run, step
+from engine.core import model_building, step
 from engine.core.optimizers import create_optimizer
-from engine.distribute import devices
+from engine.distribute import strategy as strategy_lib
 from engine.errors import ConfigError
 from engine.task import metric_fns
 
@@ -135,11 +135,13 @@ def test_float16_overflow_step_is_skipped_and_recovers():
   job = tiny_config(cpu_devices=2, mixed_precision="mixed_float16",
                     learning_rate=0.01)
   config = job.config
-  strategy = devices.make_strategy(config.distribution)
+  strategy = strategy_lib.make_strategy(config.distribution)
   task = job.task()
   dataset, _ = train_batches(job, 16, with_rows=True)
   with strategy.scope():
-    model = run.build_model(task, config)
+    model = model_building.build_model(
+        task, mixed_precision=config.optimization.mixed_precision,
+        batchnorm=config.batchnorm)
     optimizer = create_optimizer(config.optimization)
     optimizer.build(model.trainable_variables)
   metrics = metric_fns(task)

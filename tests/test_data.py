@@ -8,7 +8,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from conftest import run_job, tiny_config, train_batches
-from engine.data import export, folder
+from engine.data import folder, to_tfds
 from engine.errors import ConfigError
 
 CLASSES = ("cat", "dog", "fox")
@@ -18,7 +18,7 @@ CLASSES = ("cat", "dog", "fox")
 def pets(tmp_path_factory):
   """3 classes x 16 generated images: JPEG, PNG and BMP, 40x48 pixels."""
   root = tmp_path_factory.mktemp("pets")
-  return "folder:" + export.write_sample_folder(str(root), CLASSES, 16)
+  return "folder:" + to_tfds.write_sample_folder(str(root), CLASSES, 16)
 
 
 def folder_config(dataset, tmp_path, **kw):
@@ -96,7 +96,7 @@ def test_cache_in_memory_or_files_changes_nothing(pets, tmp_path):
 
 
 def test_tfds_files_with_split_expressions(pets, tmp_path):
-  sizes = export.write(pets, "pets_images", str(tmp_path / "tfds"),
+  sizes = to_tfds.write(pets, "pets_images", str(tmp_path / "tfds"),
                        num_shards=2, eval_fraction=0.25)
   assert sizes == {"train": 36, "test": 12}
   result = run_job(folder_config(
@@ -136,9 +136,9 @@ def _bad_folder(tmp_path, case):
   root = tmp_path / case
   os.makedirs(root)
   if case == "one_class":
-    export.write_sample_folder(str(root), ["cat"], 4)
+    to_tfds.write_sample_folder(str(root), ["cat"], 4)
   elif case in ("class_without_images", "too_few"):
-    export.write_sample_folder(str(root), ["cat", "dog"],
+    to_tfds.write_sample_folder(str(root), ["cat", "dog"],
                                2 if case == "too_few" else 6)
   if case == "class_without_images":
     _write(str(root / "emu" / "README.txt"), b"no images here")

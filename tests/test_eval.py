@@ -8,7 +8,7 @@ import tensorflow as tf
 from conftest import eval_batches, read_scalars, run_job, tiny_config
 from engine import models
 from engine.core import evaluate, inputs
-from engine.distribute import devices
+from engine.distribute import strategy as strategy_lib
 from engine.errors import ConfigError
 from engine.task import metric_fns
 
@@ -59,7 +59,7 @@ def test_passes_reuse_one_iterator_and_agree():
   config = tiny_config(strategy="mirrored", cpu_devices=2,
                        batch_size_per_replica=4, synthetic_examples=EXAMPLES,
                        eval_split="train")
-  strategy = devices.make_strategy(config.config.distribution)
+  strategy = strategy_lib.make_strategy(config.config.distribution)
   task = config.task()
   data = inputs.eval_inputs(task, inputs.input_context(strategy), 8)
   with strategy.scope():

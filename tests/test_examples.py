@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT
-from engine.data import export
+from engine.data import to_tfds
 from test_multi_worker import start_from_checkpoint
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT)
@@ -100,7 +100,7 @@ TABULAR_INPUTS = ("{'rooms': tf.constant([3.0, 5.0]), 'area': tf.constant("
 @pytest.fixture(scope="module")
 def image_runs(tmp_path_factory):
   tmp_path = tmp_path_factory.mktemp("image")
-  images = export.write_sample_folder(str(tmp_path / "pets"),
+  images = to_tfds.write_sample_folder(str(tmp_path / "pets"),
                                       ["cat", "dog", "fox"], 20, size=(36, 36))
   # On 2 workers only: a user's script on local replicas, resumed, and
   # matching 2 workers is test_tabular_regression; folder images on 2

@@ -2,7 +2,7 @@
 
 TensorFlow's per-collective timeout keeps one sleeping thread per op
 (tensorflow#62466); the engine gives collectives no timeout and bounds host
-calls with one watchdog thread (engine/hang.py) instead.
+calls with one guard thread (engine/distribute/hang.py) instead.
 """
 import json
 import os
@@ -15,8 +15,8 @@ import pytest
 
 from conftest import ROOT, engine_cmd
 from engine.distribute import hang
+from engine.host.resources import usage
 from engine.launch import free_ports
-from engine.distribute.resources import usage
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
 ENV.pop("TF_CONFIG", None)
@@ -45,9 +45,9 @@ class FakeAbort:
     self.reasons.append(reason)
 
 
-def test_watchdog_bounds_a_call_by_its_rate_plus_the_timeout():
+def test_the_guard_bounds_a_call_by_its_rate_plus_the_timeout():
   abort = FakeAbort()
-  dog = hang.HangWatchdog(0.5, 30.0, abort=abort)
+  dog = hang.HangGuard(0.5, 30.0, abort=abort)
   try:
     # Until a kind has a rate (its first two calls), the bound includes the
     # warm-up allowance (--init_timeout).
@@ -76,11 +76,11 @@ def test_watchdog_bounds_a_call_by_its_rate_plus_the_timeout():
   assert dog.reason == abort.reasons[0]
 
 
-def test_watchdog_reports_a_lost_peer_from_the_cluster_watchdog():
+def test_the_guard_reports_a_lost_peer_from_the_cluster_watchdog():
   read_end, write_end = os.pipe()
   abort = FakeAbort()
   with os.fdopen(read_end) as messages:
-    dog = hang.HangWatchdog(60.0, 60.0, peer_messages=messages, abort=abort)
+    dog = hang.HangGuard(60.0, 60.0, peer_messages=messages, abort=abort)
     os.write(write_end, b"lost task worker:1 (127.0.0.1:1): it stopped "
              b"accepting connections during training; stopping this worker "
              b"too.\n")
@@ -135,7 +135,7 @@ def _wait_for_line(path, text, deadline):
 def test_a_stopped_peer_ends_the_run_within_the_collective_timeout(tmp_path):
   # Shorter than the 10 s after which TensorFlow's coordination service
   # reports a task that stopped sending heartbeats, so the engine's own
-  # watchdog is what ends the run here.
+  # hang guard is what ends the run here.
   timeout = 4
   ports = free_ports(2)
   hosts = ",".join(f"127.0.0.1:{p}" for p in ports)

@@ -18,8 +18,8 @@ import tensorflow as tf
 
 from conftest import ROOT, engine_cmd, run_job, tiny_config
 from engine.core import inputs
-from engine.data import decode, export, folder
-from engine.distribute import devices
+from engine.data import decode, folder, to_tfds
+from engine.distribute import strategy as strategy_lib
 from engine.errors import ConfigError
 from engine.tasks import image_classification
 import test_multi_worker as mw
@@ -41,7 +41,7 @@ def _plant(root):
 def images(tmp_path_factory):
   """(clean folder, folder with BAD planted): 36 good 8x8 images each."""
   base = tmp_path_factory.mktemp("images")
-  clean = export.write_sample_folder(str(base / "clean"), CLASSES, PER_CLASS,
+  clean = to_tfds.write_sample_folder(str(base / "clean"), CLASSES, PER_CLASS,
                                      size=(8, 8))
   shutil.copytree(clean, str(base / "bad"))
   return clean, _plant(str(base / "bad"))
@@ -51,7 +51,7 @@ def images(tmp_path_factory):
 def tfds_dir(images, tmp_path_factory):
   """The clean folder as tfds data set ant_bee_cat, 4 files of 9 examples."""
   data_dir = str(tmp_path_factory.mktemp("tfds"))
-  export.write(f"folder:{images[0]}", "ant_bee_cat", data_dir, num_shards=4)
+  to_tfds.write(f"folder:{images[0]}", "ant_bee_cat", data_dir, num_shards=4)
   return data_dir
 
 
@@ -95,7 +95,7 @@ def test_replica_rows_are_exactly_tf_distributes(drop_remainder):
   # 20 examples, global batch 8: a partial batch of 4 inside the stream.
   j = tiny_config(synthetic_examples=20, batch_size_per_replica=2,
                   cpu_devices=4, drop_remainder=drop_remainder)
-  strategy = devices.make_strategy(j.config.distribution)
+  strategy = strategy_lib.make_strategy(j.config.distribution)
   data = inputs.TrainData(j.task(), inputs.input_context(strategy),
                           j.config.data, GLOBAL_BATCH, 7)
   theirs = iter(strategy.experimental_distribute_dataset(data.batches()))
@@ -236,7 +236,7 @@ def test_train_val_folder_and_eval_dataset(images, tmp_path):
   clean, _ = images
   root = tmp_path / "tv"
   shutil.copytree(clean, root / "train")
-  export.write_sample_folder(str(root / "val"), CLASSES, 3, size=(8, 8))
+  to_tfds.write_sample_folder(str(root / "val"), CLASSES, 3, size=(8, 8))
   result = run_job(_job(str(root), tmp_path / "m", train_steps=2,
                         eval_split=""))
   assert result.summary["eval_examples"] == 3 * len(CLASSES)  # all of val/

@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from conftest import ROOT, run_job, tiny_config
-from engine.distribute import memory
+from engine.host import memory
 
 # Page faults while 200 eager multiplies each write a fresh 1 MiB tensor.
 _PROBE = r"""
@@ -24,7 +24,7 @@ import json, resource, sys
 sys.path.insert(0, sys.argv[1])
 import engine
 import tensorflow as tf
-from engine.distribute import memory
+from engine.host import memory
 
 for _ in tf.data.Dataset.from_generator(
     lambda: iter([1]), output_signature=tf.TensorSpec([], tf.int32)):

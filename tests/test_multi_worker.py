@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, engine_cmd, run_job, tiny_config
-from engine.distribute import cluster, memory
+from engine.distribute import cluster
+from engine.host import memory
 from engine.errors import ConfigError
 from engine.launch import free_ports
 
@@ -217,7 +218,7 @@ def test_lone_worker_gives_up_after_init_timeout(tmp_path):
                        cwd=ROOT, env=ENV, capture_output=True, text=True,
                        timeout=90, check=False)
   # The watchdog process ends the worker with SIGTERM, then SIGKILL (see
-  # engine/watchdog.py): the worker is blocked in C++ holding the GIL.
+  # engine/distribute/watchdog.py): the worker is blocked in C++ holding the GIL.
   assert out.returncode in (-signal.SIGTERM, -signal.SIGKILL)
   assert time.monotonic() - start < 60
   want = (f"error: --init_timeout=2: tasks worker:1 (127.0.0.1:{ports[1]}) "

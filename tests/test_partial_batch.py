@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from conftest import run_job, tiny_config, train_batches
 from engine import models
-from engine.data import export, tfds_data
+from engine.data import tfds_data, to_tfds
 from test_eval import keras_evaluate
 from test_multi_worker import check_two_worker_run, launch, tiny_flags
 
@@ -122,8 +122,8 @@ def test_two_workers_match_one_device_with_partial_batches(reference,
 def test_two_workers_file_sharded_eval_counts_every_example_once(tmp_path):
   """3 files on 2 workers: FILE sharding, so the workers get 8 and 4 eval
   examples, 2 batches and 1; the pass still ends together and counts 12."""
-  root = export.write_sample_folder(str(tmp_path / "pets"), CLASSES, 16)
-  export.write(f"folder:{root}", "pets_files", str(tmp_path / "tfds"),
+  root = to_tfds.write_sample_folder(str(tmp_path / "pets"), CLASSES, 16)
+  to_tfds.write(f"folder:{root}", "pets_files", str(tmp_path / "tfds"),
                num_shards=3, eval_fraction=0.25)
   config = tiny_config(dataset="pets_files", data_dir=str(tmp_path / "tfds"),
                        eval_split="test", model_dir=str(tmp_path / "k"))

@@ -19,9 +19,10 @@ import tensorflow as tf
 
 from conftest import run_job, tiny_config, train_batches
 import engine
-from engine.core import hooks, run, step
+from engine import hooks
+from engine.core import model_building, step
 from engine.core.optimizers import create_optimizer
-from engine.distribute import devices
+from engine.distribute import strategy as strategy_lib
 from engine.task import metric_fns
 from engine import launch as launcher
 from test_multi_worker import (_kill, _launched_pid, _start, _wait_for, launch,
@@ -43,10 +44,12 @@ def test_host_call_sums_every_replicas_vote(kw, replicas):
   here the same code sums the local replicas)."""
   job = tiny_config(**kw)
   config = job.config
-  strategy = devices.make_strategy(config.distribution)
+  strategy = strategy_lib.make_strategy(config.distribution)
   task = job.task()
   with strategy.scope():
-    model = run.build_model(task, config)
+    model = model_building.build_model(
+        task, mixed_precision=config.optimization.mixed_precision,
+        batchnorm=config.batchnorm)
     optimizer = create_optimizer(config.optimization)
     optimizer.build(model.trainable_variables)
   metrics = metric_fns(task)

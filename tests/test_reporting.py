@@ -12,9 +12,9 @@ import tensorflow as tf
 
 from conftest import (ROOT, engine_cmd, read_scalars, run_job,
                       tiny_config)
-from engine.core.hooks import Rows
+from engine.hooks import Rows
 from engine.errors import ConfigError
-from engine.report import export, summaries
+from engine.report import export, tensorboard
 
 NAMES = ("loss", "examples", "grad_norm", "learning_rate", "accuracy")
 
@@ -26,11 +26,11 @@ def test_train_events_hold_every_tag_at_every_summary_step(tmp_path):
   scalars = read_scalars(tmp_path / "train")
   # The loss and the task's metrics (10 classes: top-5 accuracy too), then
   # the rates.
-  assert list(summaries.train_tags(result.history)) == [
+  assert list(tensorboard.train_tags(result.history)) == [
       "loss", "accuracy", "top5_accuracy", "learning_rate",
       "examples_per_sec", "steps_per_sec", "grad_norm"]
-  assert sorted(scalars) == sorted(summaries.train_tags(result.history))
-  for tag in summaries.train_tags(result.history):
+  assert sorted(scalars) == sorted(tensorboard.train_tags(result.history))
+  for tag in tensorboard.train_tags(result.history):
     assert sorted(scalars[tag]) == [2, 4, 6, 8], tag
   for s in (2, 4, 6, 8):  # the same numbers the loop returned
     assert scalars["loss"][s] == pytest.approx(result.losses[s - 1], rel=1e-6)
@@ -61,7 +61,7 @@ def test_a_run_with_evaluation_writes_the_eval_run(tmp_path):
 
 
 def test_on_eval_writes_the_eval_run(tmp_path):
-  hook = summaries.SummaryHook(str(tmp_path), NAMES, enabled=True, every=0)
+  hook = tensorboard.SummaryHook(str(tmp_path), NAMES, enabled=True, every=0)
   hook.on_eval(10, {"eval_loss": 0.5, "eval_accuracy": 0.75})
   hook.on_eval(20, {"eval_loss": 0.25, "eval_accuracy": 0.875})
   hook.end({})
@@ -71,7 +71,7 @@ def test_on_eval_writes_the_eval_run(tmp_path):
 
 
 def test_non_chief_writes_no_event_files(tmp_path):
-  hook = summaries.SummaryHook(str(tmp_path), NAMES, enabled=False, every=1)
+  hook = tensorboard.SummaryHook(str(tmp_path), NAMES, enabled=False, every=1)
   hook.after_loop(1, Rows(NAMES, np.ones((1, 5), np.float32)), 0.5)
   hook.on_eval(1, {"eval_loss": 0.5})
   hook.end({})
@@ -173,7 +173,7 @@ def trained_small_cnn(tmp_path):
 
 
 def random_mobilenet_v2(tmp_path):
-  """mobilenet_v2 built in a 2-replica scope, as train.py builds it.
+  """mobilenet_v2 built in a 2-replica scope, as engine.run builds it.
 
   Training it here would cost most of a minute; every variable (BatchNorm's
   moving statistics too) is set to random values instead, so a format that

@@ -1,5 +1,5 @@
 """Host resources: read from /proc, recorded in summary.json, and a stop with
-a checkpoint before a limit is reached (engine/resources.py)."""
+a checkpoint before a limit is reached (engine/host/resources.py)."""
 import os
 import threading
 
@@ -8,7 +8,7 @@ import pytest
 
 from conftest import run_job, tiny_config
 import engine
-from engine.distribute import resources
+from engine.host import resources
 from benchmarks.soak import judge
 
 

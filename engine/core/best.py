@@ -22,7 +22,7 @@ from typing import Callable, Optional, Sequence
 from absl import logging
 import tensorflow as tf
 
-from engine.core.hooks import Hook
+from engine.hooks import Hook
 from engine.errors import flag_error
 
 # Name parts of metrics that are better when lower (README states the rule).

@@ -31,7 +31,7 @@ from typing import Optional, Sequence
 
 import keras
 
-from engine.core.hooks import Hook
+from engine.hooks import Hook
 
 
 def check(callbacks: Sequence) -> list:

@@ -2,8 +2,9 @@
 
 A checkpoint holds the model, the optimizer (its `iterations` is the global
 step) and, when the run has them, the weight averages ("ema", --ema_decay)
-and the --keep_best comparison ("best"); nothing else: the input pipelines are pure functions of the seed and
-the step (`data.build_train(start_step=...)`), so the data position is the
+and the --keep_best comparison ("best"); nothing else: the input pipelines
+are pure functions of the seed and the step (engine/core/inputs.py's
+`TrainData.distribute(strategy, start_step)`), so the data position is the
 global step. Next to the checkpoints, `run.json` records what the run was
 (model, data, replicas, global batch); a resume that differs is refused.
 
@@ -17,7 +18,7 @@ import os
 from absl import logging
 import tensorflow as tf
 
-from engine.core.hooks import Hook, every
+from engine.hooks import Hook, every
 from engine.errors import ExitCode, Preempted, ResourceStop, flag_error
 
 _SHAPE_KEYS = ("num_replicas", "global_batch_size")

@@ -12,7 +12,6 @@ as that run's own evaluations were. The pass is engine/core/evaluate.py's,
 on any strategy and replica count, so it reproduces the training run's
 evaluation up to float32 summation order.
 """
-import json
 import os
 
 from absl import logging
@@ -22,9 +21,12 @@ import tensorflow as tf
 from engine.config import Config
 from engine.core import checkpoint, evaluate, inputs, step
 from engine.core import ema as ema_lib
-from engine.distribute import cluster, devices, hang
+from engine.core import summary as summary_lib
+from engine.core.model_building import build_model
+from engine.core.roles import Setup
+from engine.distribute import cluster, hang
 from engine.errors import flag_error
-from engine.report import summaries
+from engine.report import tensorboard
 from engine.task import Task, metric_fns
 
 
@@ -59,13 +61,9 @@ def find_checkpoint(path: str, model_dir: str) -> str:
   return path
 
 
-def evaluate_checkpoint(task: Task, config: Config, setup, path: str,
-                        build_model):
+def evaluate_checkpoint(task: Task, config: Config, setup: Setup,
+                        path: str):
   """Evaluates checkpoint `path`; returns Result's fields.
-
-  Args:
-    setup: engine/core/run.py's _Setup (strategy, chief, output_dir...).
-    build_model: run.py's build_model(task, config).
 
   Raises:
     ConfigError: the task has no evaluation data, or the checkpoint is not
@@ -80,7 +78,9 @@ def evaluate_checkpoint(task: Task, config: Config, setup, path: str,
                      "data (build_inputs('eval') returned None).")
   saved = checkpoint.saved_keys(path)
   with strategy.scope():
-    model = build_model(task, config)
+    model = build_model(
+        task, mixed_precision=config.optimization.mixed_precision,
+        batchnorm=config.batchnorm, freeze=config.initialization.freeze)
     step.check_forward(task, model, metrics, built.element_spec)
     averages = (ema_lib.EMA(model.trainable_variables, 0.5)
                 if "ema" in saved else None)
@@ -107,21 +107,13 @@ def evaluate_checkpoint(task: Task, config: Config, setup, path: str,
       results = evaluator.evaluate()
     evaluator.release()
     cluster.stop_watchdog()
-  writer = summaries.SummaryHook(setup.output_dir, (), enabled=setup.chief,
-                                 every=0)
+  writer = tensorboard.SummaryHook(setup.output_dir, (),
+                                   enabled=setup.chief, every=0)
   writer.on_eval(global_step, results)
-  summary = {
-      "mode": "eval", "checkpoint": path, "global_step": global_step,
-      "ema": averages is not None, **results,
-      "num_replicas": setup.replicas, "num_workers": setup.workers,
-      "global_batch_size": setup.global_batch,
-      "strategy": config.distribution.strategy,
-      "cross_device_impl": devices.describe(strategy),
-      "task": task.name, **task.describe(),
-  }
-  with open(os.path.join(setup.output_dir, "eval.json"), "w") as f:
-    json.dump(summary, f, indent=2)
-  logging.info("Done: %s", json.dumps(summary))
+  summary = summary_lib.evaluation(
+      task, config, setup, checkpoint=path, global_step=global_step,
+      ema=averages is not None, results=results)
+  summary_lib.write(setup.output_dir, summary_lib.EVALUATION_FILE, summary)
   weights = [np.array(v.numpy()) for v in model.trainable_variables]
   return (summary, {}, weights, evaluator.traces, model,
           averages and averages.values())

@@ -19,7 +19,7 @@ from absl import logging
 import tensorflow as tf
 
 from engine.core import inputs, iterators
-from engine.core.hooks import Hook, every
+from engine.hooks import Hook, every
 from engine.core.step import batch_size, forward_sums
 from engine.distribute import hang
 from engine.task import Task

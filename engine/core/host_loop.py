@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from engine.core import inputs
-from engine.core.hooks import Rows
+from engine.hooks import Rows
 from engine.errors import ConfigError, Diverged
 
 

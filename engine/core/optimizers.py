@@ -45,7 +45,7 @@ def _explicit_all_reduce(cls):
     # A Keras that reduces somewhere else would silently double the sum.
     raise RuntimeError(
         f"{cls.__name__} has no {_HOOK}; this Keras version reduces gradients "
-        "elsewhere, so engine/optimizers.py must be updated.")
+        "elsewhere, so engine/core/optimizers.py must be updated.")
 
   def passthrough(self, grads_and_vars):
     del self  # already all-reduced once by the train step
@@ -101,11 +101,6 @@ def create_optimizer(config: OptimizationConfig, *,
   inner = _CLASSES[config.optimizer](**kwargs)
   if config.weight_decay:
     inner._decay_exclude = re.compile(config.weight_decay_exclude)
-  if uses_loss_scaling(config):
+  if config.loss_scaling:
     return keras.optimizers.LossScaleOptimizer(inner)
   return inner
-
-
-def uses_loss_scaling(config: OptimizationConfig) -> bool:
-  """float16's range is too small for small gradients; bfloat16's is not."""
-  return config.mixed_precision == "mixed_float16"

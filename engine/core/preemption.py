@@ -40,7 +40,7 @@ from engine.distribute import cluster
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # A worker's vote: 1 for a signal, this for a resource
-# (engine/distribute/resources.py). float32 sums integers exactly up to 2**24.
+# (engine/host/resources.py). float32 sums integers exactly up to 2**24.
 _RESOURCE_FLAG = float(2**16)
 # A vote to finish normally (a Keras callback set model.stop_training): the
 # run saves, exports and exits 0. Each replica carries its worker's vote, so
@@ -65,7 +65,7 @@ class StopAgreement:
   def __init__(self, *, exchanged: bool):
     self.exchanged = exchanged
     self._signal = None
-    self._resource = None  # why engine/distribute/resources.py asked to stop
+    self._resource = None  # why engine/host/resources.py asked to stop
     self._finish = None  # why this worker asked to finish (a callback)
     # Set when the agreed stop is for a resource on any worker.
     self.for_resource = False

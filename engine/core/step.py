@@ -21,13 +21,11 @@ from engine.config import BatchNormConfig, DistributionConfig
 from engine.config import OptimizationConfig
 from engine.core import batchnorm
 from engine.core.checks import checked_loss, checked_metric
-from engine.core.optimizers import uses_loss_scaling
+from engine.distribute.comm import WIRE_DTYPES
 from engine.distribute.devices import communication_options
 from engine.task import Task
 
 _SUM = tf.distribute.ReduceOp.SUM
-# --grad_compression: the dtype gradients have on the wire (None: float32).
-WIRE_DTYPES = {"none": None, "fp16": tf.float16, "bf16": tf.bfloat16}
 # The engine's own columns of a step's row; the task's metrics follow.
 TRAIN_COLUMNS = ("loss", "examples", "grad_norm", "learning_rate")
 # Columns that are not sums over examples (see `means`).
@@ -162,7 +160,7 @@ def make_replica_step(task: Task, model, optimizer, metrics, *,
   """
   options = communication_options(distribution)
   variables = model.trainable_variables
-  loss_scaled = uses_loss_scaling(optimization)
+  loss_scaled = optimization.loss_scaling
   wire_dtype = WIRE_DTYPES[distribution.grad_compression]
   accum = optimization.grad_accum_steps
   clip = optimization.clip_global_norm

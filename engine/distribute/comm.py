@@ -13,10 +13,11 @@ import tensorflow as tf
 # pack count equal to the number of collectives TF actually launches.
 from tensorflow.python.distribute import cross_device_utils
 
+from engine import hooks
 from engine.config import DistributionConfig, OptimizationConfig
-from engine.core import hooks
-from engine.core.optimizers import uses_loss_scaling
-from engine.core.step import WIRE_DTYPES
+
+# --grad_compression: the dtype gradients have on the wire (None: float32).
+WIRE_DTYPES = {"none": None, "fp16": tf.float16, "bf16": tf.bfloat16}
 
 
 def gradient_bytes(variables, config: DistributionConfig):
@@ -101,7 +102,7 @@ class CommHook(hooks.Hook):
         "jit_compile": self._opt.jit_compile,
         "sync_batchnorm": self._sync_batchnorm,
     })
-    if uses_loss_scaling(self._opt):
+    if self._opt.loss_scaling:
       summary["loss_scale"] = float(self._optimizer.dynamic_scale.numpy())
       # Host steps whose update was skipped because a gradient overflowed.
       summary["skipped_steps"] = self._steps_run - (

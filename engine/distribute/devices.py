@@ -1,9 +1,9 @@
-"""Host set-up and the tf.distribute strategy: which replicas, which all-reduce.
+"""Which devices hold the replicas, and which all-reduce joins them.
 
-`configure_host` must run before TensorFlow executes any op (logical devices
-cannot be changed afterwards); `main()` and the test fixture call it once.
+The strategy is made in engine/distribute/strategy.py; the logical CPU
+devices that serve as replicas on a machine without GPUs are made by
+engine/host/cpus.py before TensorFlow runs any op.
 """
-import itertools
 from typing import Sequence
 
 import tensorflow as tf
@@ -12,47 +12,10 @@ import tensorflow as tf
 from tensorflow.python.distribute import cross_device_ops as cross_device_ops_lib
 from tensorflow.python.distribute import cross_device_utils
 
-from engine.config import Config, DistributionConfig
+from engine.config import DistributionConfig
 from engine.errors import ConfigError, flag_error
 
 _Impl = tf.distribute.experimental.CommunicationImplementation
-_KEY_RANGE = 100_000
-_strategies_made = itertools.count(1)
-
-
-def configure_host(config: Config) -> None:
-  """Sets up this host for `config`'s run (`engine.configure_host`): splits
-  the CPU into --cpu_devices logical devices. Call it before TensorFlow runs
-  any op; the command line does.
-
-  Raises:
-    ConfigError: TensorFlow already started with fewer logical CPUs.
-  """
-  split_cpu(config.distribution.cpu_devices)
-
-
-def split_cpu(cpu_devices: int) -> None:
-  """Splits the host CPU into `cpu_devices` logical devices (0: leave as is).
-
-  Safe to call again in one process: a split that already gives at least
-  `cpu_devices` logical CPUs is kept.
-
-  Raises:
-    ConfigError: if TensorFlow already started with fewer logical CPUs.
-  """
-  if cpu_devices <= 0:
-    return
-  cpu = tf.config.list_physical_devices("CPU")[0]
-  try:
-    tf.config.set_logical_device_configuration(
-        cpu, [tf.config.LogicalDeviceConfiguration()] * cpu_devices)
-  except RuntimeError as e:  # already initialised in this process
-    have = len(tf.config.list_logical_devices("CPU"))
-    if have < cpu_devices:
-      raise flag_error("cpu_devices", cpu_devices,
-                       f"TensorFlow already started with {have} logical "
-                       "CPUs in this process; set it before any op runs."
-                       ) from e
 
 
 def replica_devices(config: DistributionConfig) -> tuple:
@@ -78,30 +41,6 @@ def replica_devices(config: DistributionConfig) -> tuple:
   return tuple(gpus) if gpus else (cpus[0],)
 
 
-def make_strategy(config: DistributionConfig) -> tf.distribute.Strategy:
-  """Builds the strategy the config names, refusing choices that cannot run.
-
-  Raises:
-    ConfigError: for NCCL without GPUs, a missing device, or a bad cluster.
-  """
-  if config.strategy == "multi_worker":
-    from engine.distribute import cluster  # pylint: disable=g-import-not-at-top
-    return cluster.make_multi_worker_strategy(config)
-  devices = replica_devices(config)
-  check_nccl(config.cross_device_ops, devices)
-  if config.strategy == "one_device":
-    return tf.distribute.OneDeviceStrategy(devices[0])
-  # TF starts the collective group keys of every MirroredStrategy at 1, so a
-  # second strategy over another device set in the same process (the tests)
-  # would join group 1 with the wrong size and abort. Each strategy made here
-  # gets its own key range instead.
-  key_base = next(_strategies_made) * _KEY_RANGE
-  tf.distribute.MirroredStrategy._collective_key_base = key_base  # pylint: disable=protected-access
-  return tf.distribute.MirroredStrategy(
-      devices, cross_device_ops=_mirrored_cross_device_ops(
-          config, devices, key_base + _KEY_RANGE // 2))
-
-
 def check_nccl(choice: str, devices: Sequence[str]) -> None:
   """NCCL only has GPU kernels; fail here rather than deep inside the graph."""
   if choice == "nccl" and not all(":gpu:" in _canonical(d) for d in devices):
@@ -125,7 +64,10 @@ def communication_options(config: DistributionConfig):
       bytes_per_pack=config.bytes_per_pack, implementation=impl)
 
 
-def _mirrored_cross_device_ops(config: DistributionConfig, devices, key_start: int):
+def mirrored_cross_device_ops(config: DistributionConfig, devices,
+                              key_start: int):
+  """MirroredStrategy's cross-device ops for --cross_device_ops (None: TF's
+  own choice); a ring's collective group keys start at `key_start`."""
   choice = config.cross_device_ops
   num_packs = 1
   if choice == "auto":

@@ -1,4 +1,4 @@
-"""Hang detection: one watchdog thread per process bounds every host call.
+"""Hang detection: one guard thread per process bounds every host call.
 
 TensorFlow can bound each collective op itself
 (`CommunicationOptions.timeout_seconds`), but it pays for that with one
@@ -7,7 +7,7 @@ thread per op that sleeps for the whole timeout (base_collective_executor.cc,
 tensorflow#62466): with 2 replicas about 4 threads per step, so a run of a
 few thousand steps holds tens of thousands of threads and dies in
 `std::system_error` when the next one cannot be made. The engine therefore
-gives no collective a timeout (engine/devices.py) and bounds the calls
+gives no collective a timeout (engine/distribute/devices.py) and bounds the calls
 instead: the loop opens a `watch` around every compiled call that can wait on
 peers (a training host call, an evaluation pass), and
 this one thread aborts every collective of the process
@@ -28,7 +28,7 @@ set-up and the input pipeline's warm-up. Until a kind has a rate, its bound is
 phase only makes later bounds more lenient.
 
 On multi_worker the same thread also listens to the cluster watchdog process
-(engine/watchdog.py): a peer that stopped accepting connections is reported
+(engine/distribute/watchdog.py): a peer that stopped accepting connections is reported
 there within seconds, and aborting the collectives here, rather than killing
 the process, lets the worker exit with its documented code.
 
@@ -52,7 +52,7 @@ _POLL_SECONDS = 0.5
 _SLACK = 2.0  # a call may take twice its expected compute time
 
 
-class HangWatchdog:
+class HangGuard:
   """Aborts the process's collectives when a watched call outlives its bound.
 
   Args:
@@ -83,7 +83,7 @@ class HangWatchdog:
     self._watch = None  # (kind, units, deadline, what the bound allows)
     self.reason: Optional[str] = None
     self._closed = threading.Event()
-    self._thread = threading.Thread(target=self._run, name="hang-watchdog",
+    self._thread = threading.Thread(target=self._run, name="hang-guard",
                                     daemon=True)
     self._thread.start()
 
@@ -158,7 +158,7 @@ class HangWatchdog:
 
   def _fire(self, reason: str) -> None:
     self.reason = reason
-    logging.error("Hang watchdog: %s Aborting the collectives.", reason)
+    logging.error("Hang guard: %s Aborting the collectives.", reason)
     self._abort_fn(reason)
 
 
@@ -184,21 +184,21 @@ def _abort_collectives(reason: str) -> None:
 
 @contextlib.contextmanager
 def bounded_calls(collective_timeout: float, warmup_seconds: float, **kwargs):
-  """A HangWatchdog for the block; yields its `watch`.
+  """A HangGuard for the block; yields its `watch`.
 
-  A TensorFlow error raised in the block after the watchdog fired becomes a
-  `ClusterError` with the watchdog's one line: the error TensorFlow raises
+  A TensorFlow error raised in the block after the guard fired becomes a
+  `ClusterError` with the guard's one line: the error TensorFlow raises
   for an aborted collective only says that it was aborted.
   """
-  watchdog = HangWatchdog(collective_timeout, warmup_seconds, **kwargs)
+  guard = HangGuard(collective_timeout, warmup_seconds, **kwargs)
   try:
-    yield watchdog.watch
+    yield guard.watch
   except tf.errors.OpError as e:
-    if watchdog.reason is None:
+    if guard.reason is None:
       raise
-    raise ClusterError(watchdog.reason) from e
+    raise ClusterError(guard.reason) from e
   finally:
-    watchdog.close()
+    guard.close()
 
 
 def unbounded(kind: str, units: int = 1):

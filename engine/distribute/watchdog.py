@@ -1,4 +1,5 @@
-"""The cluster watchdog, run as its own small process by `engine/cluster.py`.
+"""The cluster watchdog, run as its own small process by
+engine/distribute/cluster.py.
 
 A separate process because MultiWorkerMirroredStrategy's constructor blocks in
 C++ while holding the GIL, so no Python thread of the worker can run a timer.
@@ -16,8 +17,8 @@ A peer that never joins within INIT_TIMEOUT: we print one line to stderr
 the parent is blocked in C++ holding the GIL and cannot act itself).
 
 A peer lost after joining: we write `lost <reason>` on stdout, a pipe the
-parent's hang watchdog thread (engine/hang.py) reads; it aborts the parent's
-collectives, so the parent exits with its documented code (3). Only if the
+parent's hang guard thread (engine/distribute/hang.py) reads; it aborts the
+parent's collectives, so the parent exits with its documented code (3). Only if the
 parent is still running GRACE seconds later do we print the line ourselves
 and end it as above.
 """

@@ -15,7 +15,7 @@ from typing import Tuple
 from absl import logging
 import tensorflow as tf
 
-from engine.core import hooks
+from engine import hooks
 
 
 class ProfileHook(hooks.Hook):

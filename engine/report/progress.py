@@ -1,12 +1,15 @@
 """What a user watching the run sees: a progress bar on a terminal, log lines otherwise.
 
-Only the chief reports progress; `train.py` lowers other workers' logging to
-warnings, so N workers do not print N copies of every line.
+Only the chief reports progress; engine/report/reporting.py lowers other
+workers' logging to warnings, so N workers do not print N copies of every
+line.
 """
 import sys
 from typing import TextIO
 
-from engine.core import hooks
+from absl import logging
+
+from engine import hooks
 
 _BAR_WIDTH = 30
 
@@ -29,7 +32,7 @@ def make_hook(*, chief: bool, enabled: bool, log_every: int, total_steps: int,
     return hooks.Hook()
   if enabled and stream.isatty():
     return ProgressBar(total_steps, steps_per_epoch, stream)
-  return hooks.LogHook(log_every, total_steps)
+  return LogHook(log_every, total_steps)
 
 
 def _clock(seconds: float) -> str:
@@ -94,3 +97,25 @@ class ProgressBar(hooks.Hook):
     # \r redraws the line; \x1b[K clears what a longer previous line left.
     self._stream.write("\r" + line + "\x1b[K" + ("\n" if end_of_epoch else ""))
     self._stream.flush()
+
+
+class LogHook(hooks.Hook):
+  """One absl log line per `log_every` steps and at the last step:
+
+      step 40/256 | loss 0.4123 | accuracy 0.8750 | 9876.5 examples/s
+  """
+
+  def __init__(self, log_every: int, total_steps: int):
+    self._every = log_every
+    self._total = total_steps
+
+  def after_loop(self, step, rows, seconds):
+    first = step - len(rows) + 1
+    rate = rows["examples"].sum() / seconds if seconds > 0 else float("nan")
+    names = rows.metrics()
+    for k in range(len(rows)):
+      s = first + k
+      if s % self._every == 0 or s == self._total:
+        shown = " | ".join(f"{n} {rows[n][k]:.4f}" for n in names)
+        logging.info("step %d/%d | %s | %.1f examples/s", s, self._total,
+                     shown, rate)

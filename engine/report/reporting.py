@@ -1,7 +1,7 @@
 """What users see, wired in one place: progress, TensorBoard, profiler, export.
 
 engine/core/run.py calls `make_hooks` once and `finish` at the end; the
-pieces live in progress.py, summaries.py, profiler.py and export.py.
+pieces live in progress.py, tensorboard.py, profiler.py and export.py.
 """
 import os
 from typing import List, Sequence
@@ -9,8 +9,8 @@ from typing import List, Sequence
 from absl import logging
 
 from engine.config import ReportingConfig
-from engine.core import hooks
-from engine.report import export, profiler, progress, summaries
+from engine import hooks
+from engine.report import export, profiler, progress, tensorboard
 
 
 def make_hooks(config: ReportingConfig, *, chief: bool, output_dir: str,
@@ -29,7 +29,7 @@ def make_hooks(config: ReportingConfig, *, chief: bool, output_dir: str,
       progress.make_hook(chief=chief, enabled=config.progress,
                          log_every=config.log_every, total_steps=total_steps,
                          steps_per_epoch=steps_per_epoch),
-      summaries.SummaryHook(
+      tensorboard.SummaryHook(
           output_dir, names, enabled=chief, every=config.summary_every),
   ]
   if config.profile_steps:

@@ -21,8 +21,8 @@ from absl import flags
 
 from engine import cli
 from engine import models
-from engine.config import check_options, option
 from engine.errors import flag_error
+from engine.options import check_options, option
 from engine.task import Task
 
 # TensorFlow, engine.data and engine.classification are imported where they are
@@ -36,7 +36,7 @@ AUGMENT_OPS = ("flip", "crop")  # data/augment.py
 @dataclasses.dataclass(frozen=True)
 class ImageClassificationConfig:
   """The built-in task's own flags, declared as the engine's are
-  (engine/config.py's `option`); validated when made."""
+  (engine/options.py's `option`); validated when made."""
   model: str = option("mobilenet_v2", "The model (models/).",
                       choices=tuple(sorted(models.MODELS)))
   dataset: str = option(

@@ -39,7 +39,7 @@ from typing import Optional
 from absl import logging
 import tensorflow as tf
 
-from engine.core.hooks import Hook
+from engine.hooks import Hook
 
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3

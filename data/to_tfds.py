@@ -1,6 +1,6 @@
 """Write an image folder as a TensorFlow Datasets data set (TFRecord files).
 
-    python -m engine.data.export --dataset=folder:/path --name=my_images \
+    python -m engine.data.to_tfds --dataset=folder:/path --name=my_images \
         --data_dir=/data/tfds [--num_shards=8] [--eval_fraction=0.2]
 
 Then train with `--dataset=my_images --data_dir=/data/tfds`: tfds reads the

@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import tensorflow as tf
 
-from engine.core import hooks
+from engine import hooks
 
 # Written with the loss and the task's metrics, from each host call.
 RATE_TAGS = ("learning_rate", "examples_per_sec", "steps_per_sec",

@@ -1,6 +1,6 @@
 """What TensorBoard summaries cost: the engine with and without them, side by side.
 
-    python -m benchmarks.summaries [--summary_every=10] [--steps=30 --rounds=3]
+    python -m benchmarks.tensorboard_cost [--summary_every=10] [--steps=30 --rounds=3]
 
 Same set-up and flags as benchmarks/in_process.py (MirroredStrategy on 2
 logical CPU devices, MobileNetV2 at 64x64, 64 per replica), whose engine
@@ -26,15 +26,15 @@ FLAGS = flags.FLAGS
 
 def _timed_hook():
   """Counts the seconds spent in SummaryHook.after_loop in this process."""
-  from engine.report import summaries  # pylint: disable=g-import-not-at-top
+  from engine.report import tensorboard  # pylint: disable=g-import-not-at-top
   spent = [0.0]
-  inner = summaries.SummaryHook.after_loop
+  inner = tensorboard.SummaryHook.after_loop
 
   def after_loop(self, step, rows, seconds):
     start = time.perf_counter()
     inner(self, step, rows, seconds)
     spent[0] += time.perf_counter() - start
-  summaries.SummaryHook.after_loop = after_loop
+  tensorboard.SummaryHook.after_loop = after_loop
   return spent
 
 
@@ -42,8 +42,8 @@ def main(argv):
   del argv
   spent = _timed_hook()
   shares = []
-  from engine.distribute import devices  # pylint: disable=g-import-not-at-top
-  devices.split_cpu(FLAGS.cpu_devices)
+  from engine.host import cpus  # pylint: disable=g-import-not-at-top
+  cpus.split_cpu(FLAGS.cpu_devices)
   variants = {"without": 0, "with": FLAGS.summary_every}
   best = {v: 0.0 for v in variants}
   for r in range(FLAGS.rounds):

@@ -1,18 +1,18 @@
-"""What hang detection costs: one watchdog thread vs TensorFlow's per-op timeout.
+"""What hang detection costs: one guard thread vs TensorFlow's per-op timeout.
 
-    python -m benchmarks.watchdog_cost [--steps=3000 --rounds=2]
+    python -m benchmarks.hang_guard_cost [--steps=3000 --rounds=2]
 
 Two variants of the default job shape (small_cnn, 32x32 synthetic images,
 MirroredStrategy on 2 logical CPUs, 32 per replica), each in its own process:
 
-  watchdog        the engine as it is: no collective has a timeout, one
+  hang_guard      the engine as it is: no collective has a timeout, one
                   thread bounds the host calls (engine/distribute/hang.py);
   per_op_timeout  the same run with `timeout_seconds=--collective_timeout`
                   put back on every collective, as the engine did before:
                   TensorFlow keeps one sleeping thread per op.
 
 Prints each variant's steady examples/s and its thread count at the first and
-the last host call, then the watchdog's own cost per host call (entering and
+the last host call, then the guard's own cost per host call (entering and
 leaving a watch, timed in this process).
 """
 import json
@@ -25,7 +25,7 @@ from absl import flags
 
 from benchmarks.variants import best_results
 
-flags.DEFINE_enum("variant", None, ["watchdog", "per_op_timeout"],
+flags.DEFINE_enum("variant", None, ["hang_guard", "per_op_timeout"],
                   "Internal: run one variant in this process.")
 flags.DEFINE_integer("steps", 3000, "Training steps per variant.")
 flags.DEFINE_integer("rounds", 2, "Rounds, alternating the order.")
@@ -36,9 +36,9 @@ def child():
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import engine  # pylint: disable=g-import-not-at-top
   from engine.core import step  # pylint: disable=g-import-not-at-top
-  from engine.distribute import devices  # pylint: disable=g-import-not-at-top
+  from engine.host import cpus  # pylint: disable=g-import-not-at-top
   from engine.tasks import image_classification as ic  # pylint: disable=g-import-not-at-top
-  devices.split_cpu(2)
+  cpus.split_cpu(2)
   if FLAGS.variant == "per_op_timeout":
     plain = devices.communication_options
 
@@ -63,7 +63,7 @@ def child():
 
 def _watch_seconds(calls: int = 100_000) -> float:
   from engine.distribute import hang  # pylint: disable=g-import-not-at-top
-  dog = hang.HangWatchdog(60.0, 180.0, abort=lambda reason: None)
+  dog = hang.HangGuard(60.0, 180.0, abort=lambda reason: None)
   try:
     start = time.perf_counter()
     for _ in range(calls):
@@ -75,9 +75,9 @@ def _watch_seconds(calls: int = 100_000) -> float:
 
 
 def parent():
-  variants = ["watchdog", "per_op_timeout"]
+  variants = ["hang_guard", "per_op_timeout"]
   passthrough = [a for a in sys.argv[1:] if not a.startswith("--rounds")]
-  best = best_results("benchmarks.watchdog_cost", variants, FLAGS.rounds,
+  best = best_results("benchmarks.hang_guard_cost", variants, FLAGS.rounds,
                       passthrough)
   print(f"\nsmall_cnn 32x32, MirroredStrategy on 2 logical CPUs, 32 per "
         f"replica, {FLAGS.steps} steps, best of {FLAGS.rounds}")
@@ -87,8 +87,8 @@ def parent():
     t = best[v]["threads"]
     print(f"| {v} | {best[v]['rate']:.1f} | {t['first_call']} / "
           f"{t['last_call']} |")
-  print(f"watchdog / per_op_timeout = "
-        f"{best['watchdog']['rate'] / best['per_op_timeout']['rate']:.3f}")
+  print(f"hang_guard / per_op_timeout = "
+        f"{best['hang_guard']['rate'] / best['per_op_timeout']['rate']:.3f}")
   print(f"one watch (enter + leave, per host call): "
         f"{_watch_seconds() * 1e6:.1f} us")
 

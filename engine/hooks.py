@@ -12,7 +12,6 @@ import contextlib
 import math
 from typing import Callable, Dict, Optional, Sequence
 
-from absl import logging
 import numpy as np
 
 
@@ -120,24 +119,3 @@ def every(n: int, step: int) -> float:
   """The first multiple of n after `step`; inf for n <= 0."""
   return (step // n + 1) * n if n > 0 else math.inf
 
-
-class LogHook(Hook):
-  """One absl log line per `log_every` steps and at the last step:
-
-      step 40/256 | loss 0.4123 | accuracy 0.8750 | 9876.5 examples/s
-  """
-
-  def __init__(self, log_every: int, total_steps: int):
-    self._every = log_every
-    self._total = total_steps
-
-  def after_loop(self, step, rows, seconds):
-    first = step - len(rows) + 1
-    rate = rows["examples"].sum() / seconds if seconds > 0 else float("nan")
-    names = rows.metrics()
-    for k in range(len(rows)):
-      s = first + k
-      if s % self._every == 0 or s == self._total:
-        shown = " | ".join(f"{n} {rows[n][k]:.4f}" for n in names)
-        logging.info("step %d/%d | %s | %.1f examples/s", s, self._total,
-                     shown, rate)

@@ -6,7 +6,7 @@ aborts (`std::system_error: Resource temporarily unavailable`), or the kernel
 kills it. So `ResourceHook` reads the process's use after host calls (at most
 once per `_SAMPLE_SECONDS`, from /proc: tens of microseconds) and compares it
 with the limits that apply to it. When one reaches `_HEADROOM` of its limit,
-the hook asks the preemption agreement (engine/preemption.py) to stop: every
+the hook asks the preemption agreement (engine/core/preemption.py) to stop: every
 worker saves a checkpoint at the same step and the run ends with one line and
 exit code 5 (engine/errors.py's `ResourceStop`), resumable like a preemption.
 
@@ -23,7 +23,7 @@ from typing import Callable, Dict, Optional
 
 from absl import logging
 
-from engine.core.hooks import Hook
+from engine.hooks import Hook
 
 _HEADROOM = 0.9
 _SAMPLE_SECONDS = 1.0

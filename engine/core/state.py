@@ -1,0 +1,139 @@
+"""What a training run trains, built and positioned at its start step.
+
+`build_state` makes, in this order: the training data (counted), the model
+and optimizer in the strategy's scope, the checkpoint restore (or the
+initial weights), the distributed input iterator from the restored step, and
+the compiled train loop. Everything a step needs exists before the first
+tf.function call, so nothing is created inside a trace.
+"""
+import dataclasses
+import json
+import os
+
+from absl import logging
+import keras
+import tensorflow as tf
+
+from engine.config import Config
+from engine.core import best, checkpoint, evaluate, init_weights, inputs
+from engine.core import ema as ema_lib
+from engine.core import randomness, step, summary
+from engine.core.model_building import build_model
+from engine.core.optimizers import create_optimizer
+from engine.core.roles import Setup, exchanges_votes
+from engine.distribute import devices
+from engine.task import Task, metric_fns
+
+
+@dataclasses.dataclass
+class State:
+  """What the loop trains, positioned at `start_step`."""
+  model: keras.Model
+  optimizer: keras.optimizers.Optimizer
+  checkpointer: checkpoint.Checkpointer
+  metrics: tuple  # ((name, fn), ...)
+  names: tuple    # the columns of a step's row
+  data: inputs.TrainData
+  iterator: object
+  train_loop: object
+  start_step: int
+  total_steps: int
+  ema: object = None         # engine/core/ema.EMA with --ema_decay
+  best_state: object = None  # engine/core/best.BestState when one is kept
+  randomness: object = None  # engine/core/randomness.RowRandomness
+  callbacks: list = dataclasses.field(default_factory=list)  # Keras's
+
+
+def build_state(task: Task, config: Config, setup: Setup) -> State:
+  """The state at the start step (0, or the latest checkpoint's).
+
+  Raises:
+    ConfigError: a task mistake, a schedule that does not fit the run, or a
+      checkpoint of another run.
+  """
+  strategy = setup.strategy
+  metrics = metric_fns(task)
+  best.check_metric(config.evaluation.keep_best, evaluate.eval_keys(metrics))
+  context = inputs.input_context(strategy)
+  keras.utils.set_random_seed(config.randomness.seed)
+  data = inputs.TrainData(task, context, config.data, setup.global_batch,
+                          config.randomness.seed)
+  total_steps = (config.loop.train_steps or
+                 config.loop.epochs * data.steps_per_epoch)
+  _log_plan(task, config, setup, data, total_steps)
+  with strategy.scope():
+    model = build_model(
+        task, mixed_precision=config.optimization.mixed_precision,
+        batchnorm=config.batchnorm, freeze=config.initialization.freeze)
+    step.check_forward(task, model, metrics, data.batches().element_spec)
+    optimizer = create_optimizer(
+        config.optimization, total_steps=total_steps,
+        steps_per_epoch=data.steps_per_epoch, global_batch=setup.global_batch)
+    # Built here, in the scope and before the first tf.function call, so the
+    # slots are mirrored variables and not created inside the trace; the
+    # averages and the best evaluation's record likewise.
+    optimizer.build(model.trainable_variables)
+    ema = (ema_lib.EMA(model.trainable_variables,
+                       config.optimization.ema_decay)
+           if config.optimization.ema_decay else None)
+    best_state = (best.BestState() if best.tracked_metric(
+        config.evaluation.keep_best, config.evaluation.early_stopping_patience)
+                  else None)
+  checkpointer, start_step = _restore(task, config, setup, model, optimizer,
+                                      ema, best_state)
+  # The pipeline is a pure function of (seed, step): resuming is skipping.
+  # Each worker decodes only its own rows (engine/core/inputs.py).
+  iterator = data.distribute(strategy, start_step)
+  names = step.row_names(metrics)
+  row_randomness = randomness.RowRandomness(
+      config.randomness.seed, config.data.batch_size_per_replica *
+      config.optimization.grad_accum_steps)
+  train_loop = step.make_train_loop(
+      strategy, step.make_replica_step(
+          task, model, optimizer, metrics,
+          distribution=config.distribution,
+          optimization=config.optimization, batchnorm=config.batchnorm,
+          batch_size_per_replica=config.data.batch_size_per_replica,
+          ema=ema, randomness=row_randomness),
+      names, exchange_votes=exchanges_votes(
+          config.checkpoints.preemption_sync, setup))
+  return State(model, optimizer, checkpointer, metrics, names, data,
+               iterator, train_loop, start_step, total_steps, ema,
+               best_state, row_randomness)
+
+
+def _log_plan(task, config, setup, data, total_steps) -> None:
+  """The batch arithmetic in one sentence, the task, oneDNN's state."""
+  logging.info(
+      "Global batch %d on %d worker(s) = %d per worker = %d per replica "
+      "(%d replicas, %s, %s); %d examples, %d steps per epoch, %d steps.",
+      setup.global_batch, setup.workers, setup.global_batch // setup.workers,
+      setup.global_batch // setup.replicas, setup.replicas,
+      config.distribution.strategy, devices.describe(setup.strategy),
+      data.num_examples, data.steps_per_epoch, total_steps)
+  logging.info("Task %s: %s", task.name, json.dumps(task.describe()))
+  onednn_state = summary.onednn_state()
+  logging.info("oneDNN %s: %s.", "on" if onednn_state["onednn"] else "off",
+               onednn_state["onednn_source"])
+
+
+def _restore(task, config, setup, model, optimizer, ema, best_state):
+  """(Checkpointer, start step): the latest checkpoint restored, else the
+  initial weights (--init_weights) loaded; run.json written."""
+  extras = {k: v.trackable() for k, v in (("ema", ema), ("best", best_state))
+            if v is not None}
+  # Every worker resumes from the chief's checkpoints (model_dir must be
+  # shared storage across hosts) and saves into its own output_dir.
+  ckpt = config.checkpoints
+  checkpointer = checkpoint.Checkpointer(
+      os.path.join(ckpt.model_dir, "checkpoints"),
+      os.path.join(setup.output_dir, "checkpoints"), model, optimizer,
+      model_dir=ckpt.model_dir, keep=ckpt.keep_checkpoints,
+      allow_resume_change=ckpt.allow_resume_change, extras=extras)
+  identity = checkpoint.run_identity(task.describe(), setup.replicas,
+                                     setup.global_batch)
+  init_weights.initialize(model, config.initialization, resuming=bool(
+      tf.train.latest_checkpoint(os.path.join(ckpt.model_dir, "checkpoints"))))
+  start_step = checkpointer.restore(identity)
+  checkpointer.write_identity(identity)
+  return checkpointer, start_step

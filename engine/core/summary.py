@@ -1,0 +1,111 @@
+"""summary.json and eval.json: the keys a run reports, defined in one place.
+
+`run_keys` are the keys of every run, training and --mode=eval alike (what
+ran, on what, split how); `training` adds the training run's results and
+`evaluation` the evaluation's. Hooks add their own keys in `Hook.end`
+(evaluation, best, communication, host resources, callbacks).
+docs/reference/summary-json.md lists them all.
+"""
+import json
+import os
+
+from absl import logging
+import numpy as np
+import tensorflow as tf
+
+from engine import onednn
+from engine.config import Config
+from engine.core import schedules
+from engine.core.roles import Setup
+from engine.distribute import comm, devices
+from engine.task import Task
+
+TRAINING_FILE = "summary.json"
+EVALUATION_FILE = "eval.json"  # --mode=eval: the training summary stays
+
+
+def run_keys(task: Task, config: Config, setup: Setup) -> dict:
+  """What ran and how it was split: the keys every run reports."""
+  return {
+      "num_replicas": setup.replicas,
+      "num_workers": setup.workers,
+      "global_batch_size": setup.global_batch,
+      "strategy": config.distribution.strategy,
+      "cross_device_ops": config.distribution.cross_device_ops,
+      "cross_device_impl": devices.describe(setup.strategy),
+      "task": task.name,
+      **task.describe(),
+  }
+
+
+def onednn_state() -> dict:
+  """{"onednn": on?, "onednn_source": who chose} (engine/onednn.py)."""
+  import engine  # pylint: disable=g-import-not-at-top,protected-access
+  return onednn.state(engine._TENSORFLOW_FIRST)
+
+
+def training(task: Task, config: Config, setup: Setup, state, history,
+             steady) -> dict:
+  """A training run's keys, before the hooks add theirs.
+
+  Args:
+    state: engine/core/state.py's State after the host loop.
+    history: {column: one value per step trained in this run}.
+    steady: (examples, seconds) of the host calls after the first.
+  """
+  collectives = comm.collectives_per_step(
+      state.train_loop.get_concrete_function(
+          state.iterator, tf.constant(1, tf.int32), tf.constant(0.0)),
+      len(setup.strategy.extended.worker_devices))
+  loss = history["loss"]
+  last = lambda a: float(a[-1]) if len(a) else None
+  summary = {
+      "global_step": int(state.optimizer.iterations.numpy()),
+      "start_step": state.start_step,
+      "final_loss": last(loss),
+  }
+  # A metric's final value is its mean over the last --log_every steps.
+  for name, _ in state.metrics:
+    window = history[name][-config.reporting.log_every:]
+    summary[f"final_{name}"] = float(np.mean(window)) if len(window) else None
+  steady_examples, steady_seconds = steady
+  # Examples the task's pipeline dropped (undecodable images): the batches
+  # as made minus the all-reduced count of examples the steps really had.
+  expected = state.data.expected_examples(state.start_step, len(loss))
+  summary.update({
+      "skipped_images": int(expected.sum() - history["examples"].sum()),
+      "first_loss": float(loss[0]) if len(loss) else None,
+      "final_grad_norm": last(history["grad_norm"]),
+      "lr_schedule": config.optimization.lr_schedule,
+      "peak_learning_rate": schedules.plan(
+          config.optimization, total_steps=state.total_steps,
+          steps_per_epoch=state.data.steps_per_epoch,
+          global_batch=setup.global_batch).peak,
+      "final_learning_rate": last(history["learning_rate"]),
+      "examples_per_sec": (steady_examples / steady_seconds
+                           if steady_seconds > 0 else None),
+      **run_keys(task, config, setup),
+      "malloc_tuned": setup.malloc_tuned,
+      **onednn_state(),
+      "collectives_per_step": collectives,
+      # Layers whose random draws depend on the replica count
+      # (engine/core/randomness.py); [] when every draw is keyed by row.
+      "replica_dependent_randomness": state.randomness.summary(),
+      "mode": config.evaluation.mode,
+      "ema_decay": config.optimization.ema_decay,
+  })
+  return summary
+
+
+def evaluation(task: Task, config: Config, setup: Setup, *, checkpoint: str,
+               global_step: int, ema: bool, results: dict) -> dict:
+  """--mode=eval's keys: the checkpoint, its step and the evaluation."""
+  return {"mode": "eval", "checkpoint": checkpoint, "global_step": global_step,
+          "ema": ema, **results, **run_keys(task, config, setup)}
+
+
+def write(directory: str, name: str, summary: dict) -> None:
+  """Writes `summary` as `name` in `directory` and logs the `Done:` line."""
+  with open(os.path.join(directory, name), "w") as f:
+    json.dump(summary, f, indent=2)
+  logging.info("Done: %s", json.dumps(summary))

@@ -1,0 +1,45 @@
+"""The host's logical CPU devices: `engine.configure_host(config)`.
+
+It must run before TensorFlow executes any op (logical devices cannot be
+changed afterwards); the command line and the test fixture call it once per
+process.
+"""
+import tensorflow as tf
+
+from engine.config import Config
+from engine.errors import flag_error
+
+
+def configure_host(config: Config) -> None:
+  """Sets up this host for `config`'s run (`engine.configure_host`): splits
+  the CPU into --cpu_devices logical devices. Call it before TensorFlow runs
+  any op; the command line does.
+
+  Raises:
+    ConfigError: TensorFlow already started with fewer logical CPUs.
+  """
+  split_cpu(config.distribution.cpu_devices)
+
+
+def split_cpu(cpu_devices: int) -> None:
+  """Splits the host CPU into `cpu_devices` logical devices (0: leave as is).
+
+  Safe to call again in one process: a split that already gives at least
+  `cpu_devices` logical CPUs is kept.
+
+  Raises:
+    ConfigError: if TensorFlow already started with fewer logical CPUs.
+  """
+  if cpu_devices <= 0:
+    return
+  cpu = tf.config.list_physical_devices("CPU")[0]
+  try:
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * cpu_devices)
+  except RuntimeError as e:  # already initialised in this process
+    have = len(tf.config.list_logical_devices("CPU"))
+    if have < cpu_devices:
+      raise flag_error("cpu_devices", cpu_devices,
+                       f"TensorFlow already started with {have} logical "
+                       "CPUs in this process; set it before any op runs."
+                       ) from e
