@@ -8,8 +8,8 @@ Eigen's otherwise) on float32 inputs of several shapes and offsets, against
 the same layer computed in float64 with NumPy: the largest error of the
 output, the batch variance (Bessel-corrected, as the kernel returns it) and
 the gradients of x, gamma and beta, relative to the reference's largest
-magnitude. Whole networks compound such errors over their depth (README,
-Fused BatchNorm); this isolates the kernel.
+magnitude. Whole networks compound such errors over their depth
+(docs/design/onednn.md); this isolates the kernel.
 """
 import numpy as np
 import tensorflow as tf

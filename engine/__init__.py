@@ -1,5 +1,5 @@
 """A distributed training loop for TensorFlow: train your task on 1..N replicas
-and workers with the guarantees README.md describes (exact partial batches, one
+and workers with the guarantees README.md lists (exact partial batches, one
 gradient all-reduce per step, exact resume, coordinated preemption).
 
     import engine

@@ -151,7 +151,7 @@ def _items(flag, items, kind):
 
 
 def parse_flags(argv):
-  """absl's parsing, with README's form for its errors: one line, exit 2."""
+  """absl's parsing, with the engine's form for its errors: one line, exit 2."""
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:

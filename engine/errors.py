@@ -76,8 +76,8 @@ class Preempted(Exception):
   exit_code = ExitCode.PREEMPTED
 
 
-# The exit codes' table, in the order users look them up: README and
-# docs/reference/exit-codes.md show it as it is here.
+# The exit codes' table, in the order users look them up:
+# docs/reference/exit-codes.md shows it as it is here.
 EXIT_CODES = (
     ("0", "Trained to the end; summary, checkpoint and export written. Also "
      "a run started again on a finished `--model_dir`: it logs `nothing to "

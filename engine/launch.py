@@ -6,7 +6,7 @@ workers and exits non-zero as soon as one fails; exits 0 only when every
 worker succeeded. This is a standalone command with its own small argument
 parser, not an engine flag module.
 
-Preemption (README, "Checkpoints, resume, preemption"): SIGTERM or Ctrl-C to
+Preemption (docs/guide/multi-worker.md): SIGTERM or Ctrl-C to
 the launcher is forwarded as SIGTERM to every worker; a worker that gets a
 SIGTERM (from us or from outside) makes all workers save a checkpoint at the
 same step and exit with 75. The launcher waits up to `--preempt_timeout`
@@ -29,7 +29,8 @@ import tempfile
 import threading
 import time
 
-from engine.errors import ExitCode  # no TensorFlow: the launcher stays light
+# engine.errors imports nothing: the launcher still loads no TensorFlow.
+from engine.errors import ExitCode
 
 # How long stopped workers get to exit after SIGTERM before SIGKILL.
 _GRACE_SECONDS = 10.0
@@ -217,7 +218,7 @@ def launch_with_restarts(num_workers: int, engine_flags, cpu_pinning: bool,
 
 
 class _Parser(argparse.ArgumentParser):
-  """README's form for bad input: one `error:` line, exit 2 (no usage)."""
+  """The engine's form for bad input: one `error:` line, exit 2 (no usage)."""
 
   def error(self, message):
     print(f"error: {message} (see python -m engine.launch --help)",

@@ -2,8 +2,8 @@
 
 Image classification (engine/tasks/image_classification.py) run through
 engine/cli.py, the same helper users' own scripts call: the engine's flags,
-the task's flags (--model, --dataset, ...), one line on stderr and README's
-exit code for every way a run can end.
+the task's flags (--model, --dataset, ...), one line on stderr and the exit
+code of docs/reference/exit-codes.md for every way a run can end.
 """
 from engine import cli
 from engine.tasks import image_classification

@@ -14,7 +14,7 @@ own synchronized BatchNorm (--sync_batchnorm --nofused_batchnorm) on
 several CPU replicas, which counts rows itself and so must see the empty
 batch. For it the command line sets the variable to 0 before TensorFlow is
 imported; `engine.run`, called after TensorFlow is imported, refuses it
-with one line instead (docs/design.md, "oneDNN").
+with one line instead (docs/design/onednn.md).
 
 Importing this module loads no TensorFlow.
 """

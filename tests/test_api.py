@@ -5,6 +5,7 @@ loss, a kernel and an activity regularizer, 37 examples (partial batches).
 """
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -224,3 +225,13 @@ def test_a_users_mistake_is_one_line_before_training(tmp_path):
       out.stderr[-2000:])
   assert "| loss " not in out.stderr  # nothing was trained
   assert not os.path.exists(tmp_path / "checkpoints" / "checkpoint")
+
+
+def test_every_summary_key_is_in_the_reference(one_replica):
+  with open(os.path.join(ROOT, "docs", "reference", "summary-json.md")) as f:
+    documented = set(re.findall(r"`(\w+)`", f.read()))
+  metrics = {"accuracy"}  # user_task's
+  missing = [k for k in one_replica.summary if k not in documented and not (
+      k.split("_", 1)[0] in ("final", "eval") and k.split("_", 1)[1] in
+      metrics)]
+  assert not missing, missing

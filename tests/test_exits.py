@@ -1,5 +1,5 @@
-"""Exit paths keep README's promises: one line on stderr, the documented
-exit code, no traceback, nothing overwritten."""
+"""Exit paths keep docs/reference/exit-codes.md's promises: one line on
+stderr, the documented exit code, no traceback, nothing overwritten."""
 import json
 import os
 import signal

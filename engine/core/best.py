@@ -25,7 +25,8 @@ import tensorflow as tf
 from engine.hooks import Hook
 from engine.errors import flag_error
 
-# Name parts of metrics that are better when lower (README states the rule).
+# Name parts of metrics that are better when lower (docs/guide/checkpoints.md
+# states the rule).
 _MINIMISED = ("loss", "error", "mae", "mse", "mape", "crossentropy")
 
 

@@ -32,7 +32,7 @@ def make_replica_eval_step(task: Task, model, metrics) -> Callable:
 
   A replica with no examples (its share of a partial batch, or a worker
   whose FILE-sharded data ran out) runs no model and adds zeros: oneDNN's
-  Conv2D computes empty batches wrong (docs/design.md, "oneDNN"). Inference
+  Conv2D computes empty batches wrong (docs/design/onednn.md). Inference
   has no collective in the model, so skipping it is safe on every strategy.
   """
   def eval_step(features, labels):

@@ -20,8 +20,8 @@ first boundary after it.
 
 The votes ride in the metrics' all-reduce rather than in an exchange of
 their own: TensorFlow 2.21 keeps about 1.6 KB per call of a tf.function
-holding a collective (docs/design.md, "Memory over hours"), and one call per
-host call is half of two.
+holding a collective (docs/design/host.md, "Memory over hours"), and one
+call per host call is half of two.
 
 Why not `tf.distribute.experimental.PreemptionCheckpointHandler`: it counts
 its own `run` calls (one step each; ours run a variable number of steps), adds

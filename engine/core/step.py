@@ -90,7 +90,7 @@ def _padded_call(model, features, count, training):
   global moments (`batchnorm.padding`), and whose outputs are cut off
   before the loss: the results are those of the empty batch, and no
   convolution ever runs on an empty batch (oneDNN's Conv2D computes those
-  wrong; docs/design.md, "oneDNN").
+  wrong; docs/design/onednn.md).
   """
   pad = tf.cast(tf.equal(count, 0), tf.int32)
   padded = tf.nest.map_structure(
@@ -152,7 +152,8 @@ def make_replica_step(task: Task, model, optimizer, metrics, *,
 
   `--clip_global_norm` clips the all-reduced mean gradient, which every
   replica holds alike, so every replica applies the same clipped update:
-  what one device with the whole global batch would do (docs/design.md).
+  what one device with the whole global batch would do
+  (docs/design/recipes.md).
 
   `ema` (engine/core/ema.py), if given, is updated after every update.
   `randomness` (engine/core/randomness.RowRandomness) keys the model's
@@ -229,7 +230,7 @@ def _mean_gradients(ctx, grads, local_count, global_count, options,
   all-gather changes shape with the batch (a partial batch on N replicas
   failed with "Shape mismatch in the collective instance"). Dense, it rides
   in the one all-reduce with the rest, at vocabulary x width floats per
-  step (docs/design.md, "Sparse gradients"). Without compression the example count rides in the same
+  step (docs/design/step.md, "Sparse gradients"). Without compression the example count rides in the same
   all-reduce as the gradients. With compression the gradients travel as
   float16/bfloat16, pre-divided by the nominal global batch so that their
   sum is about the mean gradient and cannot overflow float16; one multiply
@@ -303,7 +304,7 @@ def _accumulate(forward_backward, variables, batch, scale, k: int,
   A replica's empty (micro-)batch -- its share of a partial batch, or rows
   its task could not read -- computes nothing and adds zeros: an empty
   batch would give NaN BatchNorm moments on that replica, and oneDNN's
-  Conv2D returns the wrong shape for it (docs/design.md, "oneDNN"). With
+  Conv2D returns the wrong shape for it (docs/design/onednn.md). With
   --sync_batchnorm every replica must join the BatchNorm all-reduces, so
   there the model runs (on a padded row, `forward_sums`).
   """
@@ -363,7 +364,7 @@ def make_train_loop(strategy: tf.distribute.Strategy, replica_step: Callable,
   SIGTERM/SIGINT or resource flag, engine/core/preemption.py) when
   `exchange_votes`: the agreement to stop rides in the same all-reduce, so a
   host call is one collective tf.function call (TensorFlow 2.21 keeps about
-  1.6 KB per such call; docs/design.md).
+  1.6 KB per such call; docs/design/host.md).
 
   Returns:
     train_loop(iterator, num_steps, vote) -> (float32 [num_steps,

@@ -11,8 +11,8 @@ cannot serve is then a fresh `mmap`: its pages fault in and are zeroed by
 the kernel on first touch, and are unmapped again when the tensor is freed,
 so the heap never keeps such blocks for the next step. Measured on MobileNetV2 64x64,
 batch 64, one pinned core: about 1,200 mmap/munmap pairs and 400,000 page
-faults per step, a third of the step spent in the kernel (README,
-"Host memory").
+faults per step, a third of the step spent in the kernel
+(docs/design/host.md).
 
 `tune_malloc` puts back what glibc itself does without that call: large
 blocks come from the heap and are reused. glibc's own dynamic threshold
