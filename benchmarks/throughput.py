@@ -17,12 +17,15 @@ engine's malloc tuning: TensorFlow's defaults, as their
 users have them. Same model (MobileNetV2, random init), batch, Adam and
 strategy for all; images in memory for the baselines, the engine's synthetic
 data set for the engine. Prints every rate, the medians and the ratios
-engine / baseline (targets: >= 1.10 Orbit, >= 1.30 fit). --profile_dir also
+engine / baseline (targets: >= 1.10 Orbit, >= 1.30 fit), and each variant's
+CPU seconds per run (its whole process, start-up included), which a loaded
+machine moves much less than the rates. --profile_dir also
 traces one host loop (--steps_per_loop steps) of the engine and of Orbit
 after the timed steps and prints benchmarks.xplane_summary of each.
 """
 import json
 import os
+import statistics
 import sys
 import tempfile
 
@@ -148,13 +151,16 @@ def parent():
         f"{FLAGS.batch_size_per_replica} per replica, {FLAGS.steps} timed "
         f"steps, median of {FLAGS.rounds} rounds")
   print("| variant | oneDNN | examples/s (each round) | median | "
-        "engine / variant |")
-  print("|---|---|---|---|---|")
+        "engine / variant | CPU s per run (median) | variant / engine |")
+  print("|---|---|---|---|---|---|---|")
+  cpu = {v: statistics.median(r["cpu_seconds"] for r in rs)
+         for v, rs in results.items()}
   for v, rs in results.items():
     rates = ", ".join(f"{r['rate']:.1f}" for r in rs)
     onednn = "on" if rs[0].get("onednn") else "off"
     print(f"| {v} | {onednn} | {rates} | {median[v]:.1f} | "
-          f"{median['engine'] / median[v]:.3f} |")
+          f"{median['engine'] / median[v]:.3f} | {cpu[v]:.1f} | "
+          f"{cpu[v] / cpu['engine']:.3f} |")
   targets = {"orbit": 1.10, "fit": 1.30}
   print("; ".join(f"engine/{v} = {median['engine'] / median[v]:.3f} (target "
                   f">= {t:.2f})" for v, t in targets.items() if v in median))
@@ -176,8 +182,7 @@ def main(argv):
     from engine.tasks import image_classification as ic  # pylint: disable=g-import-not-at-top
     onednn.turn_off_for(ic.configs(**_fields())[0])
     from engine.host import cpus  # pylint: disable=g-import-not-at-top
-    cpus.split_cpu(FLAGS.cpu_devices if FLAGS.strategy == "mirrored"
-                           else 0)
+    cpus.split_cpu(FLAGS.cpu_devices if FLAGS.strategy == "mirrored" else 0)
     rate = run_engine(_fields())
     from engine.core import summary  # pylint: disable=g-import-not-at-top
     onednn = summary.onednn_state()["onednn"]

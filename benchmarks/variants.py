@@ -6,6 +6,7 @@ line, `run_rounds`) and prints one line `RESULT {"rate": ...}`.
 """
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -24,24 +25,35 @@ def run_rounds(commands: Dict[str, Command], rounds: int) -> dict:
 
   Round r runs the variants in order, r + 1 in reverse, and so on, so that
   no variant always follows the same one. Exits with the child's stderr
-  tail if a variant fails.
+  tail if a variant fails. Each RESULT gets "cpu_seconds": the CPU time
+  (user + system, all threads) of the variant's whole process, start-up
+  included: on a shared machine it moves far less with the load than the
+  rate does.
   """
   results = {v: [] for v in commands}
   names = list(commands)
   for r in range(rounds):
     for v in (names if r % 2 == 0 else names[::-1]):
       cmd = commands[v]
+      before = _children_cpu()
       proc = subprocess.run(cmd.argv, capture_output=True, text=True,
                             timeout=1800, check=False, cwd=cmd.cwd,
                             env=cmd.env)
+      cpu = _children_cpu() - before
       found = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
       if proc.returncode or not found:
         sys.exit(f"variant {v} failed:\n{proc.stderr[-3000:]}")
       result = json.loads(found[0][len("RESULT "):])
-      print(f"round {r + 1}: {v:14s} {result['rate']:8.1f} examples/s",
-            flush=True)
+      result["cpu_seconds"] = cpu
+      print(f"round {r + 1}: {v:14s} {result['rate']:8.1f} examples/s "
+            f"{cpu:7.1f} CPU s", flush=True)
       results[v].append(result)
   return results
+
+
+def _children_cpu() -> float:
+  usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+  return usage.ru_utime + usage.ru_stime
 
 
 def median_rates(results: dict) -> dict:

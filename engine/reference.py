@@ -43,7 +43,7 @@ def _default(field: dataclasses.Field) -> str:
     value = str(value).lower()
   if value in ("", None):
     return ""
-  return f"`{value}`"
+  return "`{}`".format(str(value).replace("|", "\\|"))  # a table's cell
 
 
 def _table(cls) -> str:
