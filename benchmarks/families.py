@@ -1,0 +1,308 @@
+"""The model families users bring, as `engine.Task`s: the model matrix of
+tests/test_model_matrix.py and the speed benchmark against Keras `fit`.
+
+    python -m benchmarks.families [--families=a,b --rounds=3 --steps=30]
+
+Families (issue 27), each a function of its size ("test": a few thousand
+parameters, 35 training examples so that the last batch of an epoch is
+partial, 3 rows on 4 replicas leave one replica empty; "bench": sized for a
+CPU):
+  a  MLP on dict features (8 floats, 12 token ids into an `Embedding`: a
+     sparse gradient), L2-regularized Dense layers, a rank-1 output
+     (`Dense(1)` squeezed to [batch]), Huber loss, mean absolute error.
+  b  Transformer encoder: token and position embeddings, MultiHeadAttention,
+     LayerNormalization, Dropout; a text classifier.
+  c  LSTM over padded token sequences, masked (`mask_zero=True`).
+  d  CNN with BatchNormalization and SpatialDropout2D.
+  e  A subclassed model with its own `add_loss` and an adapted (so
+     non-trainable) `Normalization` layer.
+  f  Family b under --mixed_precision=mixed_bfloat16.
+
+The benchmark (`main`) runs each family in the engine (`engine.run`, its
+defaults, with and without --jit_compile) and in Keras `fit` (`compile` +
+`fit` under MirroredStrategy, Keras's defaults), on 2 logical CPUs, the same
+model, examples and global batch, each measurement in a fresh process
+(`benchmarks/variants.py`), rounds alternating the order; it prints every
+rate, the medians and the ratios engine / fit. The `fit` child never runs
+the engine (whose process settings would then stay), so it has
+TensorFlow's and Keras's defaults. Rates are steady state: examples/s of
+the `--steps` steps after `--warmup` steps, host calls stopping at both
+marks (benchmarks/engine_timer.py; `fit`: a callback).
+"""
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Callable, Dict
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+SIZES = ("test", "bench")
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+  """One family at one size: the engine's task and what `fit` compiles.
+
+  `flags`: config fields the family always runs with (f: its precision);
+  `parity_flags`: more for the replica-parity tests (d: BatchNormalization
+  over the global batch, without which N replicas normalize N smaller
+  batches; Keras `fit` does not synchronize either, so the benchmark
+  leaves it off on both sides).
+  """
+  name: str
+  task: Callable  # () -> engine.Task
+  fit_loss: Callable  # () -> a Keras loss with its default reduction
+  fit_metrics: Callable  # () -> list for `model.compile`
+  global_batch: int  # the benchmark's
+  flags: Dict[str, object] = dataclasses.field(default_factory=dict)
+  parity_flags: Dict[str, object] = dataclasses.field(default_factory=dict)
+
+
+def _rng(seed):
+  return np.random.default_rng(seed)
+
+
+def _splits(make, sizes):
+  """{split: (features, labels)} from make(n, rng) per split."""
+  return {"train": make(sizes["n"], _rng(1)),
+          "eval": make(sizes["n_eval"], _rng(2))}
+
+
+def _task(name, data, model, loss, metrics):
+  import engine  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return engine.Task(
+      model=model, loss=loss, metrics=metrics, name=f"family_{name}",
+      inputs=lambda split, context: tf.data.Dataset.from_tensor_slices(
+          data[split]))
+
+
+def _classes():
+  """Sparse categorical cross-entropy on logits and accuracy, per example."""
+  import keras  # pylint: disable=g-import-not-at-top
+  loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True,
+                                                    reduction=None)
+  return loss, {"accuracy": keras.metrics.sparse_categorical_accuracy}
+
+
+def _fit_classes():
+  import keras  # pylint: disable=g-import-not-at-top
+  return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+# a ---------------------------------------------------------------------------
+MLP = {"test": dict(n=35, n_eval=21, vocab=40, tokens=12, dim=4, width=16,
+                    batch=16),
+       "bench": dict(n=16384, n_eval=2048, vocab=5000, tokens=12, dim=32,
+                     width=256, batch=256)}
+
+
+def mlp(size: str) -> Family:
+  import keras  # pylint: disable=g-import-not-at-top
+  s = MLP[size]
+  w = _rng(0).normal(size=8).astype(np.float32)
+
+  def make(n, rng):
+    num = rng.normal(size=(n, 8)).astype(np.float32)
+    tokens = rng.integers(1, s["vocab"], (n, s["tokens"])).astype(np.int32)
+    y = num @ w + 0.1 * (tokens % 5).sum(axis=1) - 2.4
+    return {"num": num, "tokens": tokens}, y.astype(np.float32)
+  data = _splits(make, s)
+
+  def model():
+    num = keras.Input((8,), name="num")
+    tokens = keras.Input((s["tokens"],), dtype="int32", name="tokens")
+    e = keras.layers.Embedding(s["vocab"], s["dim"])(tokens)
+    h = keras.layers.Concatenate()(
+        [num, keras.layers.GlobalAveragePooling1D()(e)])
+    for _ in range(2):
+      h = keras.layers.Dense(s["width"], activation="relu",
+                             kernel_regularizer=keras.regularizers.L2(1e-3))(h)
+    out = keras.ops.squeeze(keras.layers.Dense(1)(h), axis=-1)  # [batch]
+    return keras.Model({"num": num, "tokens": tokens}, out)
+
+  return Family(
+      "a", lambda: _task("a", data, model, keras.losses.Huber(reduction=None),
+                         {"mae": keras.metrics.mean_absolute_error}),
+      keras.losses.Huber, lambda: ["mae"], s["batch"])
+
+
+# b, f ------------------------------------------------------------------------
+TRANSFORMER = {"test": dict(n=35, n_eval=21, vocab=30, length=8, dim=8,
+                            heads=2, ffn=16, layers=1, classes=3, batch=16),
+               "bench": dict(n=8192, n_eval=1024, vocab=2000, length=64,
+                             dim=64, heads=4, ffn=128, layers=2, classes=2,
+                             batch=64)}
+DROPOUT = 0.1
+
+
+def _token_and_position():
+  import keras  # pylint: disable=g-import-not-at-top
+
+  class TokenAndPosition(keras.layers.Layer):
+    """Token embedding plus a learned position embedding."""
+
+    def __init__(self, vocab, length, dim, **kw):
+      super().__init__(**kw)
+      self.tokens = keras.layers.Embedding(vocab, dim)
+      self.positions = keras.layers.Embedding(length, dim)
+
+    def call(self, ids):
+      return self.tokens(ids) + self.positions(
+          keras.ops.arange(keras.ops.shape(ids)[-1]))
+
+  return TokenAndPosition
+
+
+def _text(s, rng, n, padded=False):
+  """Token ids (0 is padding) and a label from the tokens' mix of halves."""
+  ids = rng.integers(1, s["vocab"], (n, s["length"])).astype(np.int32)
+  if padded:  # lengths 2..length, padded with zeros at the end
+    lengths = rng.integers(2, s["length"] + 1, n)
+    ids[np.arange(s["length"])[None, :] >= lengths[:, None]] = 0
+  low = ((ids > 0) & (ids < s["vocab"] // 2)).sum(axis=1)
+  share = low / np.maximum((ids > 0).sum(axis=1), 1)
+  labels = np.minimum((share * s["classes"]).astype(np.int32),
+                      s["classes"] - 1)
+  return ids, labels
+
+
+def transformer(size: str, name: str = "b", **flags) -> Family:
+  import keras  # pylint: disable=g-import-not-at-top
+  s = TRANSFORMER[size]
+  data = _splits(lambda n, rng: _text(s, rng, n), s)
+  layer = _token_and_position()
+
+  def model():
+    ids = keras.Input((s["length"],), dtype="int32")
+    x = layer(s["vocab"], s["length"], s["dim"])(ids)
+    for _ in range(s["layers"]):
+      a = keras.layers.MultiHeadAttention(s["heads"],
+                                          s["dim"] // s["heads"])(x, x)
+      x = keras.layers.LayerNormalization()(
+          x + keras.layers.Dropout(DROPOUT)(a))
+      f = keras.layers.Dense(s["ffn"], activation="relu")(x)
+      f = keras.layers.Dense(s["dim"])(f)
+      x = keras.layers.LayerNormalization()(
+          x + keras.layers.Dropout(DROPOUT)(f))
+    x = keras.layers.Dropout(DROPOUT)(keras.layers.GlobalAveragePooling1D()(x))
+    return keras.Model(ids, keras.layers.Dense(s["classes"])(x))
+
+  return Family(name, lambda: _task(name, data, model, *_classes()),
+                _fit_classes, lambda: ["accuracy"], s["batch"], flags)
+
+
+def transformer_bf16(size: str) -> Family:
+  return transformer(size, "f", mixed_precision="mixed_bfloat16")
+
+
+# c ---------------------------------------------------------------------------
+LSTM = {"test": dict(n=35, n_eval=21, vocab=30, length=10, dim=8, units=8,
+                     classes=3, batch=16),
+        "bench": dict(n=8192, n_eval=1024, vocab=2000, length=40, dim=32,
+                      units=64, classes=2, batch=64)}
+
+
+def lstm(size: str) -> Family:
+  import keras  # pylint: disable=g-import-not-at-top
+  s = LSTM[size]
+  data = _splits(lambda n, rng: _text(s, rng, n, padded=True), s)
+
+  def model():
+    ids = keras.Input((s["length"],), dtype="int32")
+    x = keras.layers.Embedding(s["vocab"], s["dim"], mask_zero=True)(ids)
+    x = keras.layers.LSTM(s["units"])(x)
+    return keras.Model(ids, keras.layers.Dense(s["classes"])(x))
+
+  return Family("c", lambda: _task("c", data, model, *_classes()),
+                _fit_classes, lambda: ["accuracy"], s["batch"])
+
+
+# d ---------------------------------------------------------------------------
+CNN = {"test": dict(n=35, n_eval=21, side=8, filters=(4, 8), classes=3,
+                    batch=16),
+       "bench": dict(n=4096, n_eval=512, side=32, filters=(32, 64, 64),
+                     classes=10, batch=64)}
+
+
+def cnn(size: str) -> Family:
+  import keras  # pylint: disable=g-import-not-at-top
+  s = CNN[size]
+  side = s["side"]
+
+  def make(n, rng):
+    labels = rng.integers(0, s["classes"], n).astype(np.int32)
+    images = rng.normal(size=(n, side, side, 3)).astype(np.float32)
+    images[:, :, :, 0] += (labels[:, None, None] - s["classes"] / 2) * 0.3
+    return images, labels
+  data = _splits(make, s)
+
+  def model():
+    x = inputs = keras.Input((side, side, 3))
+    for k, width in enumerate(s["filters"]):
+      x = keras.layers.Conv2D(width, 3, strides=1 if k == 0 else 2,
+                              padding="same", use_bias=False)(x)
+      x = keras.layers.ReLU()(keras.layers.BatchNormalization()(x))
+      if k == 0:
+        x = keras.layers.SpatialDropout2D(0.2)(x)
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    return keras.Model(inputs, keras.layers.Dense(s["classes"])(x))
+
+  return Family("d", lambda: _task("d", data, model, *_classes()),
+                _fit_classes, lambda: ["accuracy"], s["batch"],
+                parity_flags={"sync_batchnorm": True})
+
+
+# e ---------------------------------------------------------------------------
+SUBCLASSED = {"test": dict(n=35, n_eval=21, features=6, width=16, classes=3,
+                           batch=16),
+              "bench": dict(n=16384, n_eval=2048, features=32, width=256,
+                            classes=10, batch=256)}
+ACTIVITY_PENALTY = 1e-2
+
+
+def subclassed(size: str) -> Family:
+  import keras  # pylint: disable=g-import-not-at-top
+  s = SUBCLASSED[size]
+  w = _rng(0).normal(size=(s["features"], s["classes"]))
+
+  def make(n, rng):
+    x = rng.normal(2.0, 3.0, size=(n, s["features"])).astype(np.float32)
+    return x, np.argmax(x @ w, axis=1).astype(np.int32)
+  data = _splits(make, s)
+
+  class Classifier(keras.Model):
+    """Normalized features, two hidden layers, a penalty on their output."""
+
+    def __init__(self):
+      super().__init__()
+      self.norm = keras.layers.Normalization()
+      self.hidden = [keras.layers.Dense(s["width"], activation="relu")
+                     for _ in range(2)]
+      self.head = keras.layers.Dense(s["classes"])
+
+    def call(self, x):
+      h = self.norm(x)
+      for layer in self.hidden:
+        h = layer(h)
+      # Its own loss: a mean over this call's rows, as Keras adds it.
+      self.add_loss(ACTIVITY_PENALTY * keras.ops.mean(keras.ops.square(h)))
+      return self.head(h)
+
+  def model():
+    m = Classifier()
+    m.norm.adapt(data["train"][0])  # mean and variance: not trained
+    return m
+
+  return Family("e", lambda: _task("e", data, model, *_classes()),
+                _fit_classes, lambda: ["accuracy"], s["batch"])
+
+
+FAMILIES = {"a": mlp, "b": transformer, "c": lstm, "d": cnn,
+            "e": subclassed, "f": transformer_bf16}
