@@ -1,15 +1,24 @@
 """The engine's throughput as the benchmarks time it: `engine.run` with a
 hook that counts the examples of the steps after the warm-up, end to end
-(benchmarks.throughput, benchmarks.in_process). Defines no flags."""
+(benchmarks.throughput, benchmarks.in_process, benchmarks.families).
+Defines no flags."""
 import time
 
 
 def engine_rate(fields: dict, warmup: int, steps: int) -> float:
   """Examples/s of steps warmup+1 .. warmup+steps of the built-in job made
   from `fields` (flag names); host calls stop at both marks."""
+  from engine.tasks import image_classification as ic  # pylint: disable=g-import-not-at-top
+  config, image = ic.configs(**fields)
+  return task_rate(ic.ImageClassification(image, seed=config.loop.seed),
+                   config, warmup, steps)
+
+
+def task_rate(task, config, warmup: int, steps: int) -> float:
+  """Examples/s of steps warmup+1 .. warmup+steps of `engine.run(task,
+  config)`; host calls stop at both marks."""
   import engine  # pylint: disable=g-import-not-at-top
   from engine.core import hooks  # pylint: disable=g-import-not-at-top
-  from engine.tasks import image_classification as ic  # pylint: disable=g-import-not-at-top
 
   class Timer(hooks.Hook):
     def __init__(self):
@@ -29,7 +38,5 @@ def engine_rate(fields: dict, warmup: int, steps: int) -> float:
         self.start = time.perf_counter()
 
   timer = Timer()
-  config, image = ic.configs(**fields)
-  engine.run(ic.ImageClassification(image, seed=config.loop.seed), config,
-             hooks=[timer])
+  engine.run(task, config, hooks=[timer])
   return timer.examples / (timer.stop - timer.start)

@@ -33,7 +33,6 @@ import argparse
 import dataclasses
 import json
 import os
-import statistics
 import sys
 import time
 from typing import Callable, Dict
@@ -60,6 +59,7 @@ class Family:
   fit_loss: Callable  # () -> a Keras loss with its default reduction
   fit_metrics: Callable  # () -> list for `model.compile`
   global_batch: int  # the benchmark's
+  bench_steps: int  # the benchmark's timed steps: a few seconds of training
   flags: Dict[str, object] = dataclasses.field(default_factory=dict)
   parity_flags: Dict[str, object] = dataclasses.field(default_factory=dict)
 
@@ -130,7 +130,7 @@ def mlp(size: str) -> Family:
   return Family(
       "a", lambda: _task("a", data, model, keras.losses.Huber(reduction=None),
                          {"mae": keras.metrics.mean_absolute_error}),
-      keras.losses.Huber, lambda: ["mae"], s["batch"])
+      keras.losses.Huber, lambda: ["mae"], s["batch"], 150)
 
 
 # b, f ------------------------------------------------------------------------
@@ -195,7 +195,7 @@ def transformer(size: str, name: str = "b", **flags) -> Family:
     return keras.Model(ids, keras.layers.Dense(s["classes"])(x))
 
   return Family(name, lambda: _task(name, data, model, *_classes()),
-                _fit_classes, lambda: ["accuracy"], s["batch"], flags)
+                _fit_classes, lambda: ["accuracy"], s["batch"], 30, flags)
 
 
 def transformer_bf16(size: str) -> Family:
@@ -221,7 +221,7 @@ def lstm(size: str) -> Family:
     return keras.Model(ids, keras.layers.Dense(s["classes"])(x))
 
   return Family("c", lambda: _task("c", data, model, *_classes()),
-                _fit_classes, lambda: ["accuracy"], s["batch"])
+                _fit_classes, lambda: ["accuracy"], s["batch"], 60)
 
 
 # d ---------------------------------------------------------------------------
@@ -255,7 +255,7 @@ def cnn(size: str) -> Family:
     return keras.Model(inputs, keras.layers.Dense(s["classes"])(x))
 
   return Family("d", lambda: _task("d", data, model, *_classes()),
-                _fit_classes, lambda: ["accuracy"], s["batch"],
+                _fit_classes, lambda: ["accuracy"], s["batch"], 40,
                 parity_flags={"sync_batchnorm": True})
 
 
@@ -301,8 +301,167 @@ def subclassed(size: str) -> Family:
     return m
 
   return Family("e", lambda: _task("e", data, model, *_classes()),
-                _fit_classes, lambda: ["accuracy"], s["batch"])
+                _fit_classes, lambda: ["accuracy"], s["batch"], 100)
 
 
 FAMILIES = {"a": mlp, "b": transformer, "c": lstm, "d": cnn,
             "e": subclassed, "f": transformer_bf16}
+
+
+# The benchmark -----------------------------------------------------------------
+VARIANTS = ("engine", "engine_jit", "fit")
+
+
+def engine_child(family: Family, args) -> float:
+  """The engine's examples/s on the family: its defaults (steps_per_loop
+  10, summaries every 10 steps), --jit_compile for engine_jit."""
+  import tempfile  # pylint: disable=g-import-not-at-top
+  import engine  # pylint: disable=g-import-not-at-top
+  from benchmarks import engine_timer  # pylint: disable=g-import-not-at-top
+  config = engine.Config.create(
+      strategy="mirrored", cpu_devices=args.cpu_devices,
+      batch_size_per_replica=family.global_batch // args.cpu_devices,
+      train_steps=args.warmup + args.steps, optimizer="adam",
+      learning_rate=1e-3, mode="train", export=False, log_every=1000,
+      jit_compile=args.variant == "engine_jit",
+      profile_steps=_profile_steps(args),
+      model_dir=args.profile_dir or tempfile.mkdtemp(prefix="families_"),
+      **family.flags)
+  engine.configure_host(args.cpu_devices)
+  return engine_timer.task_rate(family.task(), config, args.warmup,
+                                args.steps)
+
+
+def _profile_steps(args):
+  if not args.profile_dir:
+    return ()
+  first = args.warmup + args.steps + 1
+  return (first, first + 9)
+
+
+def fit_child(family: Family, args) -> float:
+  """Keras `compile` + `fit` on the family under MirroredStrategy, as its
+  users run it: Keras's defaults, the task's examples shuffled and batched
+  by the same global batch (partial batches included), Adam 1e-3."""
+  import keras  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  cpu = tf.config.list_physical_devices("CPU")[0]
+  tf.config.set_logical_device_configuration(
+      cpu, [tf.config.LogicalDeviceConfiguration()] * args.cpu_devices)
+  strategy = tf.distribute.MirroredStrategy(
+      [f"/cpu:{i}" for i in range(args.cpu_devices)])
+  keras.utils.set_random_seed(42)
+  if family.flags.get("mixed_precision"):
+    keras.config.set_dtype_policy(family.flags["mixed_precision"])
+  task = family.task()
+  dataset = (task.build_inputs("train", None).shuffle(1024)
+             .batch(family.global_batch).repeat().prefetch(tf.data.AUTOTUNE))
+  with strategy.scope():
+    model = task.build_model()
+    model.compile(optimizer=keras.optimizers.Adam(1e-3),
+                  loss=family.fit_loss(), metrics=family.fit_metrics())
+  marks = {}
+
+  class Timer(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+      if batch + 1 == args.warmup:
+        marks["start"] = time.perf_counter()
+
+  model.fit(dataset, epochs=1, steps_per_epoch=args.warmup + args.steps,
+            callbacks=[Timer()], verbose=0)
+  return args.steps * family.global_batch / (
+      time.perf_counter() - marks["start"])
+
+
+def _parse(argv):
+  p = argparse.ArgumentParser(
+      prog="python -m benchmarks.families",
+      description="The engine against Keras fit on the model families.")
+  p.add_argument("--families", default=",".join(FAMILIES),
+                 help="Comma-separated families (a..f).")
+  p.add_argument("--rounds", type=int, default=3,
+                 help="Rounds; each runs every variant once, alternating "
+                      "the order.")
+  p.add_argument("--steps", type=int, default=0,
+                 help="Timed steps (0: the family's, a few seconds).")
+  p.add_argument("--warmup", type=int, default=10,
+                 help="Untimed steps first (the engine: one host call).")
+  p.add_argument("--cpu_devices", type=int, default=2,
+                 help="Logical CPU devices (replicas) of every variant.")
+  p.add_argument("--variants", default=",".join(VARIANTS),
+                 help=f"Which of {', '.join(VARIANTS)}.")
+  p.add_argument("--variant", choices=VARIANTS, help="Internal: run one.")
+  p.add_argument("--family", choices=sorted(FAMILIES),
+                 help="Internal: the --variant's family.")
+  p.add_argument("--profile_dir", default="",
+                 help="With --variant=engine*: trace 10 steps after the "
+                      "timed ones into this directory (TensorBoard, "
+                      "benchmarks.op_profile).")
+  return p.parse_args(argv)
+
+
+def _child_command(args, family, variant):
+  from benchmarks import variants as variants_lib  # pylint: disable=g-import-not-at-top
+  return variants_lib.Command(
+      [sys.executable, "-m", "benchmarks.families", f"--variant={variant}",
+       f"--family={family}", f"--steps={args.steps}",
+       f"--warmup={args.warmup}", f"--cpu_devices={args.cpu_devices}"],
+      dict(os.environ), ROOT)
+
+
+def parent(args) -> dict:
+  """{family: {variant: median examples/s}}, printing the table. A family
+  whose variant fails is reported as failing and the others go on."""
+  from benchmarks import variants as variants_lib  # pylint: disable=g-import-not-at-top
+  variants = args.variants.split(",")
+  table = {}
+  for name in args.families.split(","):
+    print(f"== family {name}", flush=True)
+    try:
+      results = variants_lib.run_rounds(
+          {v: _child_command(args, name, v) for v in variants}, args.rounds)
+    except SystemExit as e:  # run_rounds exits with the child's error
+      errors = [l for l in str(e).splitlines() if "Error" in l]
+      print(f"family {name} failed: {' | '.join(errors[-2:])}", flush=True)
+      table[name] = None
+      continue
+    table[name] = (variants_lib.median_rates(results), results)
+  print(f"\nexamples/s, MirroredStrategy on {args.cpu_devices} logical "
+        f"CPUs, {args.warmup} untimed steps then the timed ones, median of "
+        f"{args.rounds} rounds (each rate in brackets, each a fresh process)")
+  heads = [v for v in VARIANTS if v in variants]
+  ratios = [v for v in heads if v != "fit"] if "fit" in heads else []
+  print("| family | global batch | timed steps | " + " | ".join(heads) +
+        "".join(f" | {v} / fit" for v in ratios) + " |")
+  print("|---|---|---|" + "---|" * (len(heads) + len(ratios)))
+  for name, row in table.items():
+    family = FAMILIES[name]("bench")
+    steps = args.steps or family.bench_steps
+    if row is None:
+      print(f"| {name} | {family.global_batch} | {steps} | fails |")
+      continue
+    median, results = row
+    print(f"| {name} | {family.global_batch} | {steps} | " + " | ".join(
+        f"{median[v]:.0f} ({_rates(results[v])})" for v in heads) + "".join(
+            f" | {median[v] / median['fit']:.2f}" for v in ratios) + " |")
+  return {name: row and row[0] for name, row in table.items()}
+
+
+def _rates(results) -> str:
+  return ", ".join(f"{r['rate']:.0f}" for r in results)
+
+
+def main(argv=None):
+  args = _parse(argv)
+  if args.variant:
+    family = FAMILIES[args.family]("bench")
+    args.steps = args.steps or family.bench_steps
+    run = fit_child if args.variant == "fit" else engine_child
+    print("RESULT " + json.dumps({"variant": args.variant,
+                                  "rate": run(family, args)}))
+  else:
+    parent(args)
+
+
+if __name__ == "__main__":
+  main()
