@@ -54,7 +54,7 @@ def test_host_call_sums_every_replicas_vote(kw, replicas):
       optimization=config.optimization, batch_size_per_replica=8),
       step.row_names(metrics), exchange_votes=True)
   iterator = iter(strategy.experimental_distribute_dataset(
-      train_batches(job, 8 * replicas)[0]))
+      train_batches(job, 8 * replicas, with_rows=True)[0]))
   for vote in (0.0, 1.0, 2.0 ** 16):
     rows, votes = loop(iterator, tf.constant(2), tf.constant(vote))
     assert rows.shape[0] == 2 and float(votes) == vote * replicas
