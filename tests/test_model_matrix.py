@@ -45,17 +45,19 @@ SCRIPT = os.path.join(ROOT, "tests", "family_job.py")
 GLOBAL_BATCH, STEPS, RESUME_AT, SEED, LR = 16, 6, 4, 3, 0.1
 EXAMPLES_PER_STEP = [16, 16, 3] * 2
 EXACT = dict(loss=1e-5, weights=1e-5, evaluation=1e-6)
-# bfloat16 (family f), measured on this machine (largest of 1 vs 2 and 4
-# replicas, 6 SGD steps): losses 3.0e-3 relative, weights 1.0e-2 absolute
-# (attention_output/bias, 0.57), evaluation loss 2.6e-3 relative. Not the
-# engine's doing: a replica's gradient is a bfloat16 sum over its rows
-# (a matmul or a bias-add gradient, rounded to 8 bits of mantissa) before
-# the float32 all-reduce adds the replicas' sums, so N replicas round N
-# partial sums where one replica rounds one
+# bfloat16 (family f): the largest differences from 1 replica measured here
+# (2 and 4 replicas, 2 workers, grad_accum_steps=2; 6 SGD steps) are 6.0e-3
+# relative in the losses, 4.9e-3 absolute in the weights
+# (attention_output/bias, largest value 0.21) and 1.3e-3 relative in the
+# evaluation loss. Not the engine's doing: a replica's gradient is a
+# bfloat16 sum over its rows (a matmul's or a bias-add's gradient, rounded
+# to 8 bits of mantissa) before the float32 all-reduce adds the replicas'
+# sums, so N replicas round N partial sums where one replica rounds one
 # (test_bfloat16_gradients_depend_on_the_split shows it without the
-# engine). The forward pass is row by row, so the first step's loss, from
-# the same initial weights, holds to float32 (1e-6).
-BFLOAT16 = dict(loss=1e-2, weights=2e-2, evaluation=1e-2)
+# engine). The bounds are about twice those. The first step's loss (the
+# same weights; the forward pass is row by row) and a resumed run (the same
+# replicas) still hold to 1e-6.
+BFLOAT16 = dict(loss=1e-2, weights=1e-2, evaluation=5e-3)
 TOLERANCES = {"f": BFLOAT16}
 
 
