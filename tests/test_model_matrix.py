@@ -37,6 +37,7 @@ import tensorflow as tf
 import engine
 from benchmarks import families
 from conftest import ROOT, read_scalars
+import family_job
 from test_multi_worker import start_from_checkpoint
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT)
@@ -59,6 +60,9 @@ EXACT = dict(loss=1e-5, weights=1e-5, evaluation=1e-6)
 # replicas) still hold to 1e-6.
 BFLOAT16 = dict(loss=1e-2, weights=1e-2, evaluation=5e-3)
 TOLERANCES = {"f": BFLOAT16}
+# Families trained on 2 workers by a launch of their own (f: the precision
+# is the run's); the others share one launch.
+ALONE = ("f",)
 
 
 def config(model_dir, replicas, **fields):
@@ -78,21 +82,32 @@ def eval_values(summary):
 
 
 class Checks:
-  """Runs a family's runs and collects every mismatch (and error)."""
+  """Runs a task's runs and collects every mismatch (and error).
 
-  def __init__(self, family, tmp_path):
-    self.family = family
+  Args:
+    name: for the failure message.
+    make_task: () -> engine.Task.
+    flags: config fields of every run (family f: its precision).
+    parity_flags: more for runs on several replicas (family d: BatchNorm
+      over the global batch).
+  """
+
+  def __init__(self, name, make_task, flags, parity_flags, tmp_path):
+    self.name = name
+    self.make_task = make_task
+    self.flags = flags
+    self.parity_flags = parity_flags
     self.tmp_path = tmp_path
-    self.tol = TOLERANCES.get(family.name, EXACT)
+    self.tol = TOLERANCES.get(name, EXACT)
     self.problems = []
 
   def run(self, label, replicas, **fields):
-    """engine.Result of the family on `replicas`, or None (noted)."""
-    flags = {**self.family.flags, **fields}
+    """engine.Result of the task on `replicas`, or None (noted)."""
+    flags = {**self.flags, **fields}
     if replicas > 1 and "sync_batchnorm" not in fields:
-      flags.update(self.family.parity_flags)
+      flags.update(self.parity_flags)
     try:
-      return engine.run(self.family.task(), config(
+      return engine.run(self.make_task(), config(
           self.tmp_path / label, replicas, **flags))
     except Exception as e:  # pylint: disable=broad-except
       self.problems.append(f"{label}: {type(e).__name__}: "
@@ -137,7 +152,7 @@ class Checks:
                  np.array([want["summary"][k] for k in keys]), evaluation, 0.0)
 
   def assert_none(self):
-    assert not self.problems, (f"family {self.family.name}:\n  " +
+    assert not self.problems, (f"{self.name}:\n  " +
                                "\n  ".join(self.problems))
 
 
@@ -145,16 +160,17 @@ def as_dict(result):
   if result is None:
     return None
   return dict(losses=result.losses, weights=result.weights,
-              summary=result.summary, examples=result.history["examples"])
+              summary=result.summary, examples=result.history["examples"],
+              history=result.history)
 
 
-def launch(family, model_dir):
-  """Starts the family on 2 workers through the launcher, as a user runs it
-  (a Popen: it trains while the test's in-process runs do)."""
-  flags = {**family.flags, **family.parity_flags}
+def launch(names, flags, model_dir):
+  """Starts families `names` (one task, tests/family_job.py) on 2 workers
+  through the launcher, as a user runs a script; a Popen, so that it trains
+  while the test's in-process runs do."""
   return subprocess.Popen(
       [sys.executable, "-m", "engine.launch", "--num_workers=2",
-       f"--script={SCRIPT}", "--", f"--family={family.name}",
+       f"--script={SCRIPT}", "--", f"--families={','.join(names)}",
        "--strategy=multi_worker",
        f"--batch_size_per_replica={GLOBAL_BATCH // 2}",
        f"--train_steps={STEPS}", f"--steps_per_loop={STEPS}",
@@ -167,8 +183,8 @@ def launch(family, model_dir):
 
 
 def check_workers(checks, proc, model_dir, one):
-  """The launched run against 1 replica: per-step losses (TensorBoard's),
-  the weights it wrote, its evaluation."""
+  """The launched run against 1 replica: per-step losses and metrics
+  (TensorBoard's), the weights it wrote, its evaluation."""
   try:
     output, _ = proc.communicate(timeout=240)
   finally:
@@ -184,22 +200,36 @@ def check_workers(checks, proc, model_dir, one):
     checks.problems.append(f"2 workers: exit {proc.returncode}: " +
                            " | ".join(errors[-4:])[-1500:])
     return
+  if one is None:
+    return
   summary = json.loads((model_dir / "summary.json").read_text())
   assert summary["num_workers"] == 2 and summary["num_replicas"] == 2
-  losses = read_scalars(model_dir / "train")["loss"]
+  scalars = read_scalars(model_dir / "train")
   weights = np.load(model_dir / "w.npz")
   checks.same_run("2 workers", dict(
-      losses=[losses[s] for s in sorted(losses)], summary=summary,
+      losses=[scalars["loss"][s] for s in sorted(scalars["loss"])],
+      summary=summary,
       weights=[weights[f"arr_{k}"] for k in range(len(weights.files))]),
                   one, *checks.tol.values())
+  metrics = sorted(set(one["history"]) - {"loss", "examples", "grad_norm",
+                                          "learning_rate"})
+  assert metrics and set(metrics) <= set(scalars), (metrics, sorted(scalars))
+  for name in metrics:
+    checks.close("2 workers", f"per-step {name}",
+                 [scalars[name][s] for s in sorted(scalars[name])],
+                 one["history"][name], checks.tol["loss"])
 
 
 @pytest.mark.parametrize("name", sorted(families.FAMILIES))
 def test_family_trains_the_same_everywhere(tmp_path, name):
   family = families.FAMILIES[name]("test")
-  checks = Checks(family, tmp_path)
+  checks = Checks(name, family.task, family.flags, family.parity_flags,
+                  tmp_path)
   tol = checks.tol
-  workers = launch(family, tmp_path / "workers")
+  # Family f alone: its precision is the run's (the other families train on
+  # 2 workers together, test_families_train_the_same_on_two_workers).
+  workers = (launch([name], {**family.flags, **family.parity_flags},
+                    tmp_path / "workers") if name in ALONE else None)
   one = as_dict(checks.run("1_replica", 1))
   if one is not None:
     assert one["examples"].tolist() == EXAMPLES_PER_STEP
@@ -248,6 +278,26 @@ def test_family_trains_the_same_everywhere(tmp_path, name):
                     as_dict(checks.run("accumulated", 2, grad_accum_steps=2)),
                     one, tol["loss"], tol["weights"], tol["evaluation"])
 
+  if workers is not None:
+    check_workers(checks, workers, tmp_path / "workers", one)
+  checks.assert_none()
+
+
+def test_families_train_the_same_on_two_workers(tmp_path):
+  """Families a-e as one task (tests/family_job.py: their models side by
+  side, the loss the sum of theirs) on 2 workers through the launcher, as 1
+  replica trains it: the total loss and each family's loss and metrics per
+  step, every family's weights, every evaluation metric."""
+  names = [n for n in sorted(families.FAMILIES) if n not in ALONE]
+  parity = {k: v for n in names
+            for k, v in families.FAMILIES[n]("test").parity_flags.items()}
+  checks = Checks("families " + ",".join(names),
+                  lambda: family_job.make_task(names), {}, parity, tmp_path)
+  workers = launch(names, parity, tmp_path / "workers")
+  one = as_dict(checks.run("1_replica", 1))
+  if one is not None:
+    assert one["examples"].tolist() == EXAMPLES_PER_STEP
+    assert {f"{n}_loss" for n in names} <= set(one["history"])
   check_workers(checks, workers, tmp_path / "workers", one)
   checks.assert_none()
 
