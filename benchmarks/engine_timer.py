@@ -17,6 +17,13 @@ def engine_rate(fields: dict, warmup: int, steps: int) -> float:
 def task_rate(task, config, warmup: int, steps: int) -> float:
   """Examples/s of steps warmup+1 .. warmup+steps of `engine.run(task,
   config)`; host calls stop at both marks."""
+  examples, seconds, _ = task_timing(task, config, warmup, steps)
+  return examples / seconds
+
+
+def task_timing(task, config, warmup: int, steps: int):
+  """(examples, wall seconds, CPU seconds of this process) of steps
+  warmup+1 .. warmup+steps of `engine.run(task, config)`."""
   import engine  # pylint: disable=g-import-not-at-top
   from engine.core import hooks  # pylint: disable=g-import-not-at-top
 
@@ -33,10 +40,11 @@ def task_rate(task, config, warmup: int, steps: int) -> float:
     def after_loop(self, step, rows, seconds):
       if self.start is not None and step <= warmup + steps:
         self.examples += float(rows["examples"].sum())
-        self.stop = time.perf_counter()
+        self.stop = (time.perf_counter(), time.process_time())
       if step == warmup:
-        self.start = time.perf_counter()
+        self.start = (time.perf_counter(), time.process_time())
 
   timer = Timer()
   engine.run(task, config, hooks=[timer])
-  return timer.examples / (timer.stop - timer.start)
+  return (timer.examples, timer.stop[0] - timer.start[0],
+          timer.stop[1] - timer.start[1])

@@ -33,6 +33,7 @@ import argparse
 import dataclasses
 import json
 import os
+import statistics
 import sys
 import time
 from typing import Callable, Dict
@@ -312,9 +313,10 @@ FAMILIES = {"a": mlp, "b": transformer, "c": lstm, "d": cnn,
 VARIANTS = ("engine", "engine_jit", "fit")
 
 
-def engine_child(family: Family, args) -> float:
-  """The engine's examples/s on the family: its defaults (steps_per_loop
-  10, summaries every 10 steps), --jit_compile for engine_jit."""
+def engine_child(family: Family, args):
+  """(examples/s, CPU seconds per example) of the engine on the family: its
+  defaults (steps_per_loop 10, summaries every 10 steps), --jit_compile for
+  engine_jit."""
   import tempfile  # pylint: disable=g-import-not-at-top
   import engine  # pylint: disable=g-import-not-at-top
   from benchmarks import engine_timer  # pylint: disable=g-import-not-at-top
@@ -328,8 +330,9 @@ def engine_child(family: Family, args) -> float:
       model_dir=args.profile_dir or tempfile.mkdtemp(prefix="families_"),
       **family.flags)
   engine.configure_host(args.cpu_devices)
-  return engine_timer.task_rate(family.task(), config, args.warmup,
-                                args.steps)
+  examples, seconds, cpu = engine_timer.task_timing(
+      family.task(), config, args.warmup, args.steps)
+  return examples / seconds, cpu / examples
 
 
 def _profile_steps(args):
@@ -339,8 +342,9 @@ def _profile_steps(args):
   return (first, first + 9)
 
 
-def fit_child(family: Family, args) -> float:
-  """Keras `compile` + `fit` on the family under MirroredStrategy, as its
+def fit_child(family: Family, args):
+  """(examples/s, CPU seconds per example) of Keras `compile` + `fit` on
+  the family under MirroredStrategy, as its
   users run it: Keras's defaults, the task's examples shuffled and batched
   by the same global batch (partial batches included), Adam 1e-3."""
   import keras  # pylint: disable=g-import-not-at-top
@@ -365,12 +369,13 @@ def fit_child(family: Family, args) -> float:
   class Timer(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
       if batch + 1 == args.warmup:
-        marks["start"] = time.perf_counter()
+        marks["start"] = (time.perf_counter(), time.process_time())
 
   model.fit(dataset, epochs=1, steps_per_epoch=args.warmup + args.steps,
             callbacks=[Timer()], verbose=0)
-  return args.steps * family.global_batch / (
-      time.perf_counter() - marks["start"])
+  examples = args.steps * family.global_batch
+  return (examples / (time.perf_counter() - marks["start"][0]),
+          (time.process_time() - marks["start"][1]) / examples)
 
 
 def _parse(argv):
@@ -428,12 +433,15 @@ def parent(args) -> dict:
     table[name] = (variants_lib.median_rates(results), results)
   print(f"\nexamples/s, MirroredStrategy on {args.cpu_devices} logical "
         f"CPUs, {args.warmup} untimed steps then the timed ones, median of "
-        f"{args.rounds} rounds (each rate in brackets, each a fresh process)")
+        f"{args.rounds} rounds (each rate in brackets, each a fresh "
+        "process); then the median CPU time of the process per example "
+        "(all its threads) over the same steps")
   heads = [v for v in VARIANTS if v in variants]
   ratios = [v for v in heads if v != "fit"] if "fit" in heads else []
   print("| family | global batch | timed steps | " + " | ".join(heads) +
-        "".join(f" | {v} / fit" for v in ratios) + " |")
-  print("|---|---|---|" + "---|" * (len(heads) + len(ratios)))
+        "".join(f" | {v} / fit" for v in ratios) + " | " +
+        " | ".join(f"{v} CPU us/example" for v in heads) + " |")
+  print("|---|---|---|" + "---|" * (2 * len(heads) + len(ratios)))
   for name, row in table.items():
     family = FAMILIES[name]("bench")
     steps = args.steps or family.bench_steps
@@ -441,9 +449,12 @@ def parent(args) -> dict:
       print(f"| {name} | {family.global_batch} | {steps} | fails |")
       continue
     median, results = row
+    cpu = {v: statistics.median(r["cpu_us_per_example"] for r in results[v])
+           for v in heads}
     print(f"| {name} | {family.global_batch} | {steps} | " + " | ".join(
         f"{median[v]:.0f} ({_rates(results[v])})" for v in heads) + "".join(
-            f" | {median[v] / median['fit']:.2f}" for v in ratios) + " |")
+            f" | {median[v] / median['fit']:.2f}" for v in ratios) + " | " +
+          " | ".join(f"{cpu[v]:.0f}" for v in heads) + " |")
   return {name: row and row[0] for name, row in table.items()}
 
 
@@ -457,8 +468,9 @@ def main(argv=None):
     family = FAMILIES[args.family]("bench")
     args.steps = args.steps or family.bench_steps
     run = fit_child if args.variant == "fit" else engine_child
-    print("RESULT " + json.dumps({"variant": args.variant,
-                                  "rate": run(family, args)}))
+    rate, cpu = run(family, args)
+    print("RESULT " + json.dumps({"variant": args.variant, "rate": rate,
+                                  "cpu_us_per_example": cpu * 1e6}))
   else:
     parent(args)
 

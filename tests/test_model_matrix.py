@@ -9,18 +9,20 @@ with `add_loss` and an adapted Normalization, f: b in mixed_bfloat16) trains
 one of 4 replicas with nothing), twice. Against its 1-replica run:
   * 2 and 4 replicas in-process: per-step losses and final weights within
     1e-5 (relative; absolute for values near 0), evaluation within 1e-6;
-  * 2 workers through the launcher (tests/family_job.py): the same;
+  * 2 workers through the launcher (tests/family_job.py; a-e in one run,
+    f in its own): the same, per-step metrics too;
   * 2 replicas with --grad_accum_steps=2 (4 rows per micro-batch): the same
     losses and weights (one update per global batch of 16);
   * the 2-replica run resumed from its checkpoint of step 4 (mid-epoch)
     ends as the uninterrupted one (to 1e-6).
+Family f holds looser bounds, for a reason bfloat16 has (BFLOAT16).
 SGD: its update is linear in the gradient, so a wrong count of the examples
 (a partial batch, an empty replica, a regularizer counted twice) shows in
 the weights; Adam would normalize most of it away.
 
-One test per family runs all of its runs and reports every mismatch at once
-(`Checks`), so that its 1-replica run is made once even when pytest-xdist
-spreads the tests over processes.
+One test per family makes all of its in-process runs and reports every
+mismatch at once (`Checks`), so that its 1-replica run is made once even
+when pytest-xdist spreads the tests over processes.
 """
 import json
 import logging
