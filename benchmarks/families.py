@@ -311,6 +311,7 @@ FAMILIES = {"a": mlp, "b": transformer, "c": lstm, "d": cnn,
 
 # The benchmark -----------------------------------------------------------------
 VARIANTS = ("engine", "engine_jit", "fit")
+PROFILED_STEPS = 10  # --profile_dir: one engine host call
 
 
 def engine_child(family: Family, args):
@@ -323,11 +324,13 @@ def engine_child(family: Family, args):
   config = engine.Config.create(
       strategy="mirrored", cpu_devices=args.cpu_devices,
       batch_size_per_replica=family.global_batch // args.cpu_devices,
-      train_steps=args.warmup + args.steps, optimizer="adam",
-      learning_rate=1e-3, mode="train", export=False, log_every=1000,
-      jit_compile=args.variant == "engine_jit",
+      train_steps=args.warmup + args.steps + _profiled(args),
+      optimizer="adam", learning_rate=1e-3, mode="train", export=False,
+      log_every=1000, jit_compile=args.variant == "engine_jit",
       profile_steps=_profile_steps(args),
-      model_dir=args.profile_dir or tempfile.mkdtemp(prefix="families_"),
+      model_dir=(os.path.join(args.profile_dir, args.variant)
+                 if args.profile_dir else
+                 tempfile.mkdtemp(prefix="families_")),
       **family.flags)
   engine.configure_host(args.cpu_devices)
   examples, seconds, cpu = engine_timer.task_timing(
@@ -335,11 +338,16 @@ def engine_child(family: Family, args):
   return examples / seconds, cpu / examples
 
 
+def _profiled(args) -> int:
+  """Steps traced after the timed ones (--profile_dir)."""
+  return PROFILED_STEPS if args.profile_dir else 0
+
+
 def _profile_steps(args):
   if not args.profile_dir:
     return ()
   first = args.warmup + args.steps + 1
-  return (first, first + 9)
+  return (first, first + PROFILED_STEPS - 1)
 
 
 def fit_child(family: Family, args):
@@ -370,12 +378,23 @@ def fit_child(family: Family, args):
     def on_train_batch_end(self, batch, logs=None):
       if batch + 1 == args.warmup:
         marks["start"] = (time.perf_counter(), time.process_time())
+      if batch + 1 == args.warmup + args.steps:
+        float(logs["loss"])  # waits for the step, as fit's end would
+        marks["stop"] = (time.perf_counter(), time.process_time())
+        if args.profile_dir:
+          tf.profiler.experimental.start(os.path.join(args.profile_dir,
+                                                      "fit"))
+      if args.profile_dir and batch + 1 == (args.warmup + args.steps +
+                                            PROFILED_STEPS):
+        float(logs["loss"])
+        tf.profiler.experimental.stop()
 
-  model.fit(dataset, epochs=1, steps_per_epoch=args.warmup + args.steps,
+  model.fit(dataset, epochs=1,
+            steps_per_epoch=args.warmup + args.steps + _profiled(args),
             callbacks=[Timer()], verbose=0)
   examples = args.steps * family.global_batch
-  return (examples / (time.perf_counter() - marks["start"][0]),
-          (time.process_time() - marks["start"][1]) / examples)
+  return (examples / (marks["stop"][0] - marks["start"][0]),
+          (marks["stop"][1] - marks["start"][1]) / examples)
 
 
 def _parse(argv):
@@ -398,6 +417,10 @@ def _parse(argv):
   p.add_argument("--variant", choices=VARIANTS, help="Internal: run one.")
   p.add_argument("--family", choices=sorted(FAMILIES),
                  help="Internal: the --variant's family.")
+  p.add_argument("--baseline_tree", default="",
+                 help="Also run the engine variant from this checkout (e.g. "
+                      "a worktree of the commit before a change) as "
+                      "engine_before, side by side.")
   p.add_argument("--profile_dir", default="",
                  help="With --variant=engine*: trace 10 steps after the "
                       "timed ones into this directory (TensorBoard, "
@@ -405,26 +428,34 @@ def _parse(argv):
   return p.parse_args(argv)
 
 
-def _child_command(args, family, variant):
+def _child_command(args, family, variant, steps):
+  """One measurement's process; engine_before: the engine variant of
+  --baseline_tree's checkout, run from there."""
   from benchmarks import variants as variants_lib  # pylint: disable=g-import-not-at-top
+  tree = os.path.abspath(args.baseline_tree) if (
+      variant == "engine_before") else ROOT
   return variants_lib.Command(
-      [sys.executable, "-m", "benchmarks.families", f"--variant={variant}",
-       f"--family={family}", f"--steps={args.steps}",
-       f"--warmup={args.warmup}", f"--cpu_devices={args.cpu_devices}"],
-      dict(os.environ), ROOT)
+      [sys.executable, "-m", "benchmarks.families",
+       f"--variant={'engine' if variant == 'engine_before' else variant}",
+       f"--family={family}", f"--steps={steps}", f"--warmup={args.warmup}",
+       f"--cpu_devices={args.cpu_devices}"],
+      dict(os.environ, PYTHONPATH=tree), tree)
 
 
 def parent(args) -> dict:
   """{family: {variant: median examples/s}}, printing the table. A family
   whose variant fails is reported as failing and the others go on."""
   from benchmarks import variants as variants_lib  # pylint: disable=g-import-not-at-top
-  variants = args.variants.split(",")
+  variants = args.variants.split(",") + (
+      ["engine_before"] if args.baseline_tree else [])
   table = {}
   for name in args.families.split(","):
     print(f"== family {name}", flush=True)
+    steps = args.steps or FAMILIES[name]("bench").bench_steps
     try:
       results = variants_lib.run_rounds(
-          {v: _child_command(args, name, v) for v in variants}, args.rounds)
+          {v: _child_command(args, name, v, steps) for v in variants},
+          args.rounds)
     except SystemExit as e:  # run_rounds exits with the child's error
       errors = [l for l in str(e).splitlines() if "Error" in l]
       print(f"family {name} failed: {' | '.join(errors[-2:])}", flush=True)
@@ -436,7 +467,7 @@ def parent(args) -> dict:
         f"{args.rounds} rounds (each rate in brackets, each a fresh "
         "process); then the median CPU time of the process per example "
         "(all its threads) over the same steps")
-  heads = [v for v in VARIANTS if v in variants]
+  heads = [v for v in VARIANTS + ("engine_before",) if v in variants]
   ratios = [v for v in heads if v != "fit"] if "fit" in heads else []
   print("| family | global batch | timed steps | " + " | ".join(heads) +
         "".join(f" | {v} / fit" for v in ratios) + " | " +
@@ -449,8 +480,8 @@ def parent(args) -> dict:
       print(f"| {name} | {family.global_batch} | {steps} | fails |")
       continue
     median, results = row
-    cpu = {v: statistics.median(r["cpu_us_per_example"] for r in results[v])
-           for v in heads}
+    cpu = {v: statistics.median(r.get("cpu_us_per_example", float("nan"))
+                                for r in results[v]) for v in heads}
     print(f"| {name} | {family.global_batch} | {steps} | " + " | ".join(
         f"{median[v]:.0f} ({_rates(results[v])})" for v in heads) + "".join(
             f" | {median[v] / median['fit']:.2f}" for v in ratios) + " | " +
