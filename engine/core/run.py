@@ -11,7 +11,6 @@ The outer loop in four parts, each a small function:
 and then the summary (summary.json), final weights and the export.
 --mode=eval runs engine/core/eval_only.py instead.
 """
-import atexit
 import contextlib
 import dataclasses
 import json
@@ -25,7 +24,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from engine import onednn
+from engine import ending, onednn
 from engine.config import Config
 from engine.core import batchnorm, best, checkpoint, eval_only, evaluate, inputs
 from engine.core import callbacks as callbacks_lib
@@ -241,7 +240,7 @@ def _set_up(config: Config) -> _Setup:
   output_dir = config.checkpoints.model_dir if chief else tempfile.mkdtemp(
       prefix="tfengine_worker_")
   if not chief:  # also on an error exit (not on SIGKILL)
-    atexit.register(shutil.rmtree, output_dir, ignore_errors=True)
+    ending.at_exit(shutil.rmtree, output_dir, ignore_errors=True)
   check_model_dir(output_dir)
   if chief and config.reporting.export and config.reporting.export_dir:
     check_model_dir(config.reporting.export_dir, "export_dir")
@@ -506,7 +505,6 @@ def _finish(task, config, setup, state, summary, history) -> Result:
   """Writes summary.json and the weights, exports; returns the Result."""
   with open(os.path.join(setup.output_dir, "summary.json"), "w") as f:
     json.dump(summary, f, indent=2)
-  logging.info("Done: %s", json.dumps(summary))
   weights = [np.array(v.numpy()) for v in state.model.trainable_variables]
   if config.checkpoints.weights_out:
     np.savez(os.path.join(setup.output_dir, config.checkpoints.weights_out),
@@ -517,6 +515,9 @@ def _finish(task, config, setup, state, summary, history) -> Result:
                      output_dir=setup.output_dir)
   if not setup.chief:
     shutil.rmtree(setup.output_dir, ignore_errors=True)
+  # Last: once it is printed, everything is written (the command line exits
+  # right after it, engine/ending.py).
+  logging.info("Done: %s", json.dumps(summary))
   return Result(summary, history, weights,
                 state.train_loop.experimental_get_tracing_count(), state.model,
                 state.ema and state.ema.values())
