@@ -129,7 +129,9 @@ HELP = {
     # Loop.
     "epochs": "Epochs to train.",
     "train_steps": "Steps to train; 0 = run --epochs epochs.",
-    "steps_per_loop": "Steps per host call (one compiled tf.range loop).",
+    "steps_per_loop": "Steps per host call (one compiled tf.range loop), or "
+                      "auto: about one call a second, measured as it runs "
+                      "(every worker takes the chief's choice).",
     "eval_every": "Evaluate every N steps (0: at the end of each epoch); "
                   "always also at the last step.",
     "seed": "Seed for weights and data order.",
@@ -255,6 +257,8 @@ def config_from_flags(flag_values=flags.FLAGS) -> config_lib.Config:
     values[name] = value
   if "profile_steps" in values:
     values["profile_steps"] = _ints("profile_steps", values["profile_steps"])
+  if values.get("steps_per_loop", "auto").strip().isdigit():  # else "auto"
+    values["steps_per_loop"] = int(values["steps_per_loop"])
   if "lr_boundaries" in values:
     values["lr_boundaries"] = _ints("lr_boundaries", values["lr_boundaries"])
   if "lr_values" in values:

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -64,11 +65,36 @@ def start_from_checkpoint(model_dir, to_dir, step):
             f'all_model_checkpoint_paths: "ckpt-{step}"\n')
 
 
-def launch(flags, timeout=150, num_workers=2):
-  return subprocess.run(
-      [sys.executable, "-m", "engine.launch", f"--num_workers={num_workers}",
-       "--", *flags], cwd=ROOT, env=ENV, capture_output=True, text=True,
-      timeout=timeout, check=False)
+def launch(flags, timeout=150, num_workers=2, cpu_pinning=False):
+  """Runs the launcher; its CompletedProcess, plus `done_to_exit`: seconds
+  from the last `Done:` line a worker printed to the launcher's exit (every
+  worker ended), None without one."""
+  cmd = [sys.executable, "-m", "engine.launch", f"--num_workers={num_workers}",
+         *(["--cpu_pinning"] if cpu_pinning else []), "--", *flags]
+  proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True,
+                          start_new_session=True)
+  out, err, done_at = [], [], []
+
+  def read(stream, lines):
+    for line in stream:
+      lines.append(line)
+      if "] Done: " in line:
+        done_at.append(time.monotonic())
+  readers = [threading.Thread(target=read, args=a, daemon=True)
+             for a in ((proc.stdout, out), (proc.stderr, err))]
+  for r in readers:
+    r.start()
+  try:
+    code = proc.wait(timeout)
+  finally:
+    _kill([proc])
+  ended = time.monotonic()
+  for r in readers:
+    r.join(10)
+  result = subprocess.CompletedProcess(cmd, code, "".join(out), "".join(err))
+  result.done_to_exit = ended - done_at[-1] if done_at else None
+  return result
 
 
 def check_two_worker_run(out, model_dir, steps, global_batch, entries=(),

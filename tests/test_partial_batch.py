@@ -83,18 +83,25 @@ def test_replicas_match_one_device_with_partial_batches(reference, tmp_path,
 def test_two_workers_match_one_device_with_partial_batches(reference,
                                                            tmp_path):
   """Also test_multi_worker's sgd/ring case of 2 workers matching one
-  replica (with --strategy=multi_worker given to the launcher, accepted)."""
+  replica (with --strategy=multi_worker given to the launcher, accepted),
+  with host calls of --steps_per_loop=auto (the chief's choice on both),
+  each worker pinned to a core of its own (--cpu_pinning), where tf.data's
+  threads once kept finished workers alive: the launcher must end within
+  5 s of the last `Done:` line (engine/ending.py)."""
   # Eval over 33 examples: the last batch holds 1, so one worker has none.
   eval_split = "train[:33]"
   out = launch(tiny_flags(
       optimizer="sgd", learning_rate=LR, synthetic_examples=EXAMPLES,
       batch_size_per_replica=GLOBAL_BATCH // 2, train_steps=STEPS,
-      steps_per_loop=4, model_dir=str(tmp_path / "mw"), cross_device_ops="ring",
-      weights_out="weights.npz") + [f"--eval_split={eval_split}",
-                                    "--eval_every=5",
-                                    "--strategy=multi_worker"], timeout=240)
+      steps_per_loop="auto", model_dir=str(tmp_path / "mw"),
+      cross_device_ops="ring", weights_out="weights.npz") + [
+          f"--eval_split={eval_split}", "--eval_every=5",
+          "--strategy=multi_worker"], timeout=240, cpu_pinning=True)
   summary = check_two_worker_run(out, tmp_path / "mw", STEPS, GLOBAL_BATCH,
                                  entries=["eval"])
+  assert out.done_to_exit is not None and out.done_to_exit < 5.0, (
+      out.done_to_exit)
+  assert summary["steps_per_loop_auto"] is True
   assert "AutoShardPolicy" not in out.stdout + out.stderr
   got = np.load(tmp_path / "mw" / "weights.npz")
   assert len(got.files) == len(reference.weights)

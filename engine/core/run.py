@@ -29,7 +29,7 @@ from engine.config import Config
 from engine.core import batchnorm, best, checkpoint, eval_only, evaluate, inputs
 from engine.core import callbacks as callbacks_lib
 from engine.core import ema as ema_lib
-from engine.core import host_loop, init_weights, iterators, preemption
+from engine.core import host_loop, init_weights, iterators, pace, preemption
 from engine.core import schedules, step
 from engine.core.hooks import Hook
 from engine.core.optimizers import create_optimizer
@@ -176,15 +176,19 @@ def _train(task: Task, config: Config, setup: _Setup, state: _State,
     state.callbacks = callbacks
     hook_list, closers = _make_hooks(task, config, setup, state, watch, hooks,
                                      stop)
+    loop_pace = pace.Pace(config.loop.steps_per_loop)
     try:
       history, steady, stopped = host_loop.train(
-          state, config.loop.steps_per_loop, hook_list, watch, stop)
+          state, loop_pace, hook_list, watch, stop)
     finally:
       for close in closers:
         close()
     cluster.stop_watchdog()  # the last collective is done; peers may exit
     summary = _summarize(task, config, setup, state, history, steady)
     summary.update(stopped)
+    summary.update(steps_per_loop=loop_pace.steps,
+                   steps_per_loop_auto=loop_pace.auto,
+                   host_calls=loop_pace.calls)
     for h in hook_list:
       h.end(summary)
   return _finish(task, config, setup, state, summary, history)
@@ -455,7 +459,7 @@ def _summarize(task, config, setup, state, history, steady) -> dict:
   reporting_config = config.reporting
   collectives = comm.collectives_per_step(
       state.train_loop.get_concrete_function(
-          state.iterator, tf.constant(1, tf.int32), tf.constant(0.0)),
+          state.iterator, tf.constant(1, tf.int32), tf.constant([0.0, 0.0])),
       len(setup.strategy.extended.worker_devices))
   loss = history["loss"]
   last = lambda a: float(a[-1]) if len(a) else None

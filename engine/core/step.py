@@ -358,17 +358,20 @@ def make_train_loop(strategy: tf.distribute.Strategy, replica_step: Callable,
   fixed transport overhead and one more point where every worker waits for
   the slowest. The extra row carries each replica's stop vote (its host's
   SIGTERM/SIGINT or resource flag, engine/core/preemption.py) when
-  `exchange_votes`: the agreement to stop rides in the same all-reduce, so a
-  host call is one collective tf.function call (TensorFlow 2.21 keeps about
-  1.6 KB per such call; docs/design.md).
+  `exchange_votes`, and replica 0's proposal for the length of the next
+  host call (engine/core/pace.py; replica 0 is on the chief): the agreements
+  ride in the same all-reduce, so a host call is one collective tf.function
+  call (TensorFlow 2.21 keeps about 1.6 KB per such call; docs/design.md).
 
   Returns:
     train_loop(iterator, num_steps, vote) -> (float32 [num_steps,
     len(names)]: per step, the global means of `names` over the step's
     examples (the example count and gradient norm as they are); float32
-    scalar: the votes summed over all replicas, or `vote` itself without
-    `exchange_votes`). `num_steps` is a tensor and the loop is a `tf.range`,
-    so any step count reuses one trace.
+    [2]: the stop votes summed over all replicas (or this worker's own,
+    `vote[0]`, without `exchange_votes`) and replica 0's `vote[1]`).
+    `vote` is float32 [2]: this worker's stop vote and its proposed
+    length of the next call. `num_steps` is a tensor and the loop is a
+    `tf.range`, so any step count reuses one trace.
   """
   local_replicas = len(strategy.extended.worker_devices)
   width = len(names)
@@ -387,14 +390,20 @@ def make_train_loop(strategy: tf.distribute.Strategy, replica_step: Callable,
       per_replica = strategy.run(replica_step, args=(features, labels))
       rows = [r.write(i, v) for r, v in
               zip(rows, strategy.experimental_local_results(per_replica))]
-    vote_row = tf.one_hot(0, width) * vote
-    stacked = [tf.concat([r.stack(), vote_row[None]], axis=0) for r in rows]
+    stacked = [r.stack() for r in rows]
+    # The extra row: [stop vote, proposal, 0, ...]; replica 0 alone adds
+    # its proposal, so the sum is its own.
+    extra = [tf.pad(vote * [1.0, 0.0], [[0, width - 2]])[None],
+             tf.pad(vote, [[0, width - 2]])[None]]
     # Replica ids run worker by worker, so a replica's local index is its id
     # modulo the local count; each replica hands in the rows it wrote.
     per_replica_rows = strategy.experimental_distribute_values_from_function(
-        lambda ctx: stacked[ctx.replica_id_in_sync_group % local_replicas])
+        lambda ctx: tf.concat([
+            stacked[ctx.replica_id_in_sync_group % local_replicas],
+            extra[int(ctx.replica_id_in_sync_group == 0)]], axis=0))
     sums = strategy.reduce(_SUM, per_replica_rows, axis=None)
-    votes = sums[-1, 0] if exchange_votes else vote
+    votes = tf.stack([sums[-1, 0] if exchange_votes else vote[0],
+                      sums[-1, 1]])
     return means(sums[:-1], names), votes
 
   return train_loop
