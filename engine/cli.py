@@ -152,8 +152,10 @@ HELP = {
     "model_dir": "Where summary.json and checkpoints/ go (chief only).",
     "checkpoint_every": "Save a checkpoint every N steps (0: only at the end).",
     "keep_checkpoints": "Checkpoints to keep.",
-    "allow_resume_change": "Resume even if the replica count or global batch "
-                           "differs from the checkpointed run.",
+    "allow_resume_change": "Resume even where the results would change: "
+                           "another global batch, or --shard_files with "
+                           "another worker count (another replica or worker "
+                           "count alone resumes without it).",
     "preemption_sync": "After every host call, agree with all workers whether "
                        "one got SIGTERM/SIGINT, so all save at the same step. "
                        "Turn off only to measure what the agreement costs.",

@@ -169,6 +169,33 @@ def test_two_workers_match_one_replica(tmp_path):
   diff = max(np.abs(got[f"arr_{k}"] - w).max()
              for k, w in enumerate(ref.weights))
   assert diff < 1e-5
+  _resume_on_other_counts(tmp_path)
+
+
+def _resume_on_other_counts(tmp_path):
+  """The 2-worker checkpoint of step STEPS resumes on 1 replica and on 4,
+  without --allow_resume_change (the global batch is the same), and trains
+  on as an uninterrupted one-replica run does (1 replica -> 2 workers is
+  tests/test_partial_batch.py's launch)."""
+  kw = dict(optimizer="adam", learning_rate=lr("adam"),
+            train_steps=2 * STEPS)
+  whole = run_job(tiny_config(strategy="one_device",
+                              batch_size_per_replica=GLOBAL_BATCH,
+                              model_dir=str(tmp_path / "whole"), **kw))
+  for replicas in (1, 4):
+    to = tmp_path / f"resumed_{replicas}"
+    start_from_checkpoint(tmp_path / "mw", to, STEPS)
+    devices = (dict(strategy="one_device") if replicas == 1 else
+               dict(strategy="mirrored", cpu_devices=replicas))
+    resumed = run_job(tiny_config(
+        batch_size_per_replica=GLOBAL_BATCH // replicas, model_dir=str(to),
+        **devices, **kw))
+    assert resumed.summary["start_step"] == STEPS
+    assert resumed.summary["num_replicas"] == replicas
+    np.testing.assert_allclose(resumed.losses, whole.losses[STEPS:],
+                               rtol=1e-5, atol=1e-5)
+    for got, want in zip(resumed.weights, whole.weights):
+      np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 def _check_profile(model_dir, seconds):
