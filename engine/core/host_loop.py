@@ -51,7 +51,12 @@ def train(state, pace, hook_list, watch, stop):
     seconds = time.perf_counter() - start
     if not first:
       pace.timed(n, seconds)
+    before = pace.steps
     pace.agreed(proposed)  # the next call's length, the same on every worker
+    if pace.steps != before:
+      logging.info("--steps_per_loop=auto: host calls of %d steps from step "
+                   "%d (the last call: %d steps in %.3f s).", pace.steps,
+                   done + n, n, seconds)
     rows = Rows(state.names, out, votes)
     if not first:
       steady_examples += float(rows["examples"].sum())

@@ -514,10 +514,11 @@ def _finish(task, config, setup, state, summary, history) -> Result:
   if config.checkpoints.weights_out:
     np.savez(os.path.join(setup.output_dir, config.checkpoints.weights_out),
              *weights)
-  with ema_lib.swapped(state.ema):  # the export serves the averages
-    reporting.finish(config.reporting, task, state.model,
-                     state.data.features_spec, chief=setup.chief,
-                     output_dir=setup.output_dir)
+  if config.reporting.export:  # (the features' spec builds a pipeline)
+    with ema_lib.swapped(state.ema):  # the export serves the averages
+      reporting.finish(config.reporting, task, state.model,
+                       state.data.features_spec, chief=setup.chief,
+                       output_dir=setup.output_dir)
   if not setup.chief:
     shutil.rmtree(setup.output_dir, ignore_errors=True)
   # Last: once it is printed, everything is written (the command line exits

@@ -123,7 +123,9 @@ def check_forward(task: Task, model, metrics, element_spec) -> None:
     return [checked_loss(task, labels, outputs)] + [
         checked_metric(task, name, fn, labels, outputs)
         for name, fn in metrics]
-  tf.function(loss_and_metrics).get_concrete_function(labels, outputs)
+  # Without AutoGraph, as the step calls them (see `make_train_loop`).
+  tf.function(loss_and_metrics, autograph=False).get_concrete_function(
+      labels, outputs)
 
 
 def make_replica_step(task: Task, model, optimizer, metrics, *,
@@ -269,7 +271,7 @@ def _forward_backward_fn(task: Task, model, variables, metrics,
                          ), sums
 
   if jit_compile:
-    return tf.function(forward_backward, jit_compile=True)
+    return tf.function(forward_backward, jit_compile=True, autograph=False)
   return forward_backward
 
 
@@ -371,25 +373,35 @@ def make_train_loop(strategy: tf.distribute.Strategy, replica_step: Callable,
     `vote[0]`, without `exchange_votes`) and replica 0's `vote[1]`).
     `vote` is float32 [2]: this worker's stop vote and its proposed
     length of the next call. `num_steps` is a tensor and the loop is a
-    `tf.range`, so any step count reuses one trace.
+    `tf.while_loop`, so any step count reuses one trace.
+
+  The loop's control flow is written out (`tf.while_loop`, `tf.cond` in the
+  step) and traced without AutoGraph, as Keras traces `fit`'s step:
+  converting the engine's and the task's functions took seconds of a small
+  job's start-up (benchmarks/RESULTS.md, "Start-up"). The task's model,
+  loss and metrics run as traced Python, as under `fit`.
   """
   local_replicas = len(strategy.extended.worker_devices)
   width = len(names)
 
-  @tf.function
+  def one_step(iterator, i, rows):
+    features, labels = next(iterator)
+    per_replica = strategy.run(replica_step, args=(features, labels))
+    return i + 1, [r.write(i, v) for r, v in
+                   zip(rows, strategy.experimental_local_results(per_replica))]
+
+  @tf.function(autograph=False)
   def train_loop(iterator, num_steps, vote):
     # One array per replica of this worker, written by that replica's step.
     rows = [tf.TensorArray(tf.float32, size=num_steps,
                            element_shape=[width])
             for _ in range(local_replicas)]
-    for i in tf.range(num_steps):
-      # One step at a time: overlapping iterations would let the replicas'
-      # collectives of two steps interleave and stall each other.
-      tf.autograph.experimental.set_loop_options(parallel_iterations=1)
-      features, labels = next(iterator)
-      per_replica = strategy.run(replica_step, args=(features, labels))
-      rows = [r.write(i, v) for r, v in
-              zip(rows, strategy.experimental_local_results(per_replica))]
+    # One step at a time: overlapping iterations would let the replicas'
+    # collectives of two steps interleave and stall each other.
+    _, rows = tf.while_loop(
+        lambda i, _: i < num_steps,
+        lambda i, rows: one_step(iterator, i, rows),
+        (tf.constant(0), rows), parallel_iterations=1)
     stacked = [r.stack() for r in rows]
     # The extra row: [stop vote, proposal, 0, ...]; replica 0 alone adds
     # its proposal, so the sum is its own.
