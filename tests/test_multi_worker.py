@@ -105,6 +105,10 @@ def check_two_worker_run(out, model_dir, steps, global_batch, entries=(),
   of the last step, one collective per step; returns summary.json."""
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   assert "launcher: all 2 workers succeeded." in out.stderr
+  # Each worker left at once after the last barrier (engine/ending.py):
+  # no abort in TensorFlow's teardown, no lost barrier answer.
+  for text in ("terminate called", "not every worker reached the end"):
+    assert text not in out.stdout + out.stderr
   assert "AutoShardPolicy" not in out.stdout  # the policy is explicit
   # Only the chief wrote model_dir (worker 1 only its trace, worker_1, with
   # --profile_steps); worker 1's temp dir is gone.
