@@ -32,6 +32,9 @@ GRAD_COMPRESSIONS = ("none", "fp16", "bf16")
 MIXED_PRECISIONS = ("none", "mixed_float16", "mixed_bfloat16")
 _COPY_OPS = ("hierarchical_copy", "reduce_to_one_device")
 MODES = ("train_and_eval", "train", "eval")
+# --seed: TensorFlow takes a global seed modulo 2**31 - 1, so larger seeds
+# would repeat smaller ones' orders and weights.
+SEED_MAX = 2**31 - 2
 
 
 def _one_of(flag, value, valid):
@@ -257,6 +260,10 @@ class LoopConfig:
     _non_negative(self, "epochs", "train_steps", "eval_every",
                   "early_stopping_patience")
     _one_of("mode", self.mode, MODES)
+    if not (isinstance(self.seed, int) and 0 <= self.seed <= SEED_MAX):
+      raise flag_error("seed", self.seed, f"must be an integer from 0 to "
+                       f"{SEED_MAX} (TensorFlow takes seeds modulo "
+                       "2**31 - 1).")
     if self.epochs == 0 and self.train_steps == 0:
       raise flag_error("epochs", 0, "must be positive when --train_steps=0; "
                        "set one of them")

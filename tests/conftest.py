@@ -86,13 +86,15 @@ def read_scalars(run_dir):
   return out
 
 
-def train_batches(j: Job, global_batch: int, start_step: int = 0):
-  """(the built-in job's training batches from `start_step`, its TrainData)."""
+def train_batches(j: Job, global_batch: int, start_step: int = 0,
+                  with_rows: bool = False):
+  """(the built-in job's training batches from `start_step`, its TrainData);
+  `with_rows`: as the train step takes them, (features, labels, rows)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from engine.core import inputs  # pylint: disable=g-import-not-at-top
   data = inputs.TrainData(j.task(), tf.distribute.InputContext(),
                           j.config.data, global_batch, j.config.loop.seed)
-  return data.batches(start_step), data
+  return data.batches(start_step, with_rows), data
 
 
 def eval_batches(j: Job, global_batch: int):

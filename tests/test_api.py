@@ -133,8 +133,9 @@ MISTAKES = {
     "not_pairs": "error: task user_task: build_inputs('train') yields dicts "
                  "with keys ['extra', 'x'], not (features, labels) pairs",
     "scalar_loss": "error: task user_task: the loss returned shape [] for "
-                   "outputs shape [None, 3]; it must return one value per "
-                   "example",
+                   "labels shape [None] and outputs shape [None, 3]; it must "
+                   "return one value per example (shape [batch]): it "
+                   "averaged over the batch",
     "shape": "error: task user_task: the loss failed on the model's outputs "
              "(shape [None, 3]) and the labels (shape [None])",
     "duplicate_metric": "error: task user_task: metric name 'accuracy' is "

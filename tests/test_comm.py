@@ -137,7 +137,7 @@ def test_float16_overflow_step_is_skipped_and_recovers():
   config = job.config
   strategy = devices.make_strategy(config.distribution)
   task = job.task()
-  dataset, _ = train_batches(job, 16)
+  dataset, _ = train_batches(job, 16, with_rows=True)
   with strategy.scope():
     model = run.build_model(task, config)
     optimizer = create_optimizer(config.optimization)

@@ -56,7 +56,7 @@ def test_host_call_sums_every_replicas_vote(kw, replicas):
       optimization=config.optimization, batch_size_per_replica=8),
       step.row_names(metrics), exchange_votes=True)
   iterator = iter(strategy.experimental_distribute_dataset(
-      train_batches(job, 8 * replicas)[0]))
+      train_batches(job, 8 * replicas, with_rows=True)[0]))
   for vote, proposal in ((0.0, 1.0), (1.0, 37.0), (2.0 ** 16, 100000.0)):
     rows, votes = loop(iterator, tf.constant(2),
                        tf.constant([vote, proposal]))

@@ -43,6 +43,28 @@ def _describe_spec(spec) -> str:
   return type(spec).__name__
 
 
+def common_rank(labels, outputs):
+  """Labels and outputs as a Keras loss or metric function needs them to
+  give one value per example, the way Keras `fit` pairs them.
+
+  Keras's losses and metric functions average over the last axis, so
+  `[batch]` labels and outputs would give one scalar for the batch. A
+  `[batch]` tensor is given as `[batch, 1]` when its partner is `[batch]` or
+  `[batch, 1]`; everything else (e.g. `[batch]` class ids against
+  `[batch, classes]` logits, dicts) is passed as it is.
+  """
+  if not (tf.is_tensor(labels) and tf.is_tensor(outputs)):
+    return labels, outputs
+
+  def column(t):  # [batch] or [batch, 1]
+    return t.shape.rank == 1 or (t.shape.rank == 2 and t.shape[-1] == 1)
+
+  if column(labels) and column(outputs):
+    labels, outputs = (t[:, None] if t.shape.rank == 1 else t
+                       for t in (labels, outputs))
+  return labels, outputs
+
+
 def checked_loss(task: Task, labels, outputs) -> tf.Tensor:
   """The task's per-example loss as float32 [batch], checked at trace time.
 
@@ -50,6 +72,7 @@ def checked_loss(task: Task, labels, outputs) -> tf.Tensor:
     ConfigError: the loss failed on these labels and outputs, or did not
       return one value per example.
   """
+  labels, outputs = common_rank(labels, outputs)
   try:
     per_example = task.per_example_loss(labels, outputs)
   except (ValueError, TypeError, tf.errors.InvalidArgumentError) as e:
@@ -57,31 +80,45 @@ def checked_loss(task: Task, labels, outputs) -> tf.Tensor:
         f"task {task.name}: the loss failed on the model's outputs "
         f"({_shapes(outputs)}) and the labels ({_shapes(labels)}): "
         f"{_first_line(e)}") from e
-  per_example = tf.convert_to_tensor(per_example)
-  if per_example.shape.rank != 1:
-    raise ConfigError(
-        f"task {task.name}: the loss returned shape "
-        f"{per_example.shape.as_list()} for outputs {_shapes(outputs)}; it "
-        "must return one value per example (shape [batch]), e.g. a Keras "
-        "loss made with reduction=None.")
-  return tf.cast(per_example, tf.float32)
+  return _per_example(task, "the loss", per_example, labels, outputs)
 
 
 def checked_metric(task: Task, name: str, fn: MetricFn, labels,
                    outputs) -> tf.Tensor:
   """A metric's per-example values as float32 [batch], checked likewise."""
+  labels, outputs = common_rank(labels, outputs)
   try:
-    values = tf.convert_to_tensor(fn(labels, outputs))
+    values = fn(labels, outputs)
   except (ValueError, TypeError, tf.errors.InvalidArgumentError) as e:
     raise ConfigError(
         f"task {task.name}: metric {name!r} failed on the model's outputs "
         f"({_shapes(outputs)}) and the labels ({_shapes(labels)}): "
         f"{_first_line(e)}") from e
+  return _per_example(task, f"metric {name!r}", values, labels, outputs)
+
+
+def _per_example(task: Task, what: str, values, labels,
+                 outputs) -> tf.Tensor:
+  """`values` as float32 [batch]: [batch] or [batch, 1] (one column).
+
+  Raises:
+    ConfigError: any other shape, with the shapes that produced it and the
+      likely cause.
+  """
+  values = tf.convert_to_tensor(values)
+  if values.shape.rank == 2 and values.shape[-1] == 1:
+    values = values[:, 0]
   if values.shape.rank != 1:
+    cause = (
+        "it averaged over the batch (a Keras loss object needs "
+        "reduction=None; a function must keep the batch axis)"
+        if values.shape.rank == 0 else
+        "it gives several values per example (average them, e.g. "
+        "tf.reduce_mean(..., axis=-1))")
     raise ConfigError(
-        f"task {task.name}: metric {name!r} returned shape "
-        f"{values.shape.as_list()}; it must return one value per example "
-        "(shape [batch]).")
+        f"task {task.name}: {what} returned {_shapes(values)} for labels "
+        f"{_shapes(labels)} and outputs {_shapes(outputs)}; it must return "
+        f"one value per example (shape [batch]): {cause}.")
   return tf.cast(values, tf.float32)
 
 

@@ -127,8 +127,22 @@ def _host_call(state, n: int, vote, first: bool):
       raise refused from e
     if not first:
       raise
-    message = str(e.message).strip().splitlines()
+    cause = _cause(str(e.message)) or type(e).__name__
+    hint = ("--jit_compile: XLA cannot compile an op of the model; train "
+            "without --jit_compile" if "XLA" in cause else
+            "check that the task's labels fit the model's outputs")
     raise ConfigError(
-        "the first training step failed: "
-        f"{message[0][:300] if message else type(e).__name__}"
-        " (check that the task's labels fit the model's outputs).") from e
+        f"the first training step failed: {cause} ({hint}).") from e
+
+
+def _cause(message: str) -> str:
+  """The kernel's own line of a TensorFlow error message, which comes after
+  "Graph execution error:" and "Detected at node ... (most recent call
+  last):" with its indented traceback."""
+  for line in message.splitlines():
+    if (not line.strip() or line[0].isspace() or
+        line.startswith(("Graph execution error", "Detected at node",
+                         "<stack traces unavailable>"))):
+      continue
+    return line.strip()[:300]
+  return ""

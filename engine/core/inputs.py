@@ -43,7 +43,7 @@ from tensorflow.python.data.experimental.ops import distribute as tf_split  # py
 from tensorflow.python.distribute import input_ops  # pylint: disable=g-direct-tensorflow-import
 
 from engine.config import DataConfig
-from engine.core import sharded_inputs
+from engine.core import randomness, sharded_inputs
 from engine.core.checks import check_examples
 from engine.errors import ConfigError, flag_error
 from engine.task import Task
@@ -134,22 +134,29 @@ class TrainData:
     per_epoch = self.steps_per_epoch
     first_epoch = start_step // per_epoch
 
+    global_seed, offset = randomness.shuffle_seeds(seed)
+
     def epoch(e):
       ds = examples
       if data.shuffle_buffer:
-        ds = ds.shuffle(data.shuffle_buffer,
-                        seed=tf.constant(seed, tf.int64) * _EPOCH_STRIDE + e)
+        ds = ds.shuffle(data.shuffle_buffer, seed=tf.constant(
+            seed * _EPOCH_STRIDE + offset, tf.int64) + e)
       return ds.batch(self._global_batch, drop_remainder=data.drop_remainder)
 
     # A shuffle's seed pair is (TensorFlow's global seed, its own): both are
     # set here, so the order depends on --seed and the epoch only.
-    tf.random.set_seed(seed)
+    tf.random.set_seed(global_seed)
     ds = tf.data.Dataset.range(first_epoch, tf.int64.max).flat_map(epoch)
     return ds.skip(start_step - first_epoch * per_epoch)
 
   def worker_batches(self, context: tf.distribute.InputContext,
-                     start_step: int = 0) -> tf.data.Dataset:
-    """This worker's per-replica batches, in replica order, preprocessed.
+                     start_step: int = 0,
+                     with_rows: bool = False) -> tf.data.Dataset:
+    """This worker's per-replica batches, in replica order, preprocessed:
+    (features, labels), or with `with_rows` (features, labels, (steps,
+    positions)), the step that trains each row and its position in the
+    global batch (what the model's randomness is keyed by,
+    engine/core/randomness.py).
 
     What each worker runs (`distribute`): the global batches, split by
     tf.distribute's own rebatch and DATA shard (the rows
@@ -159,8 +166,10 @@ class TrainData:
     (`worker_items`), split among its replicas.
     """
     if self._data.shard_files:
-      return self._prepared(self._sharded_pieces(context, start_step))
-    return self._prepared(self._global_pieces(context, start_step))
+      pieces = self._sharded_pieces(context, start_step)
+    else:
+      pieces = self._global_pieces(context, start_step)
+    return self._prepared(pieces, with_rows)
 
   def _global_pieces(self, context, start_step):
     # Numbered before the split: each row carries the step that trains it
@@ -171,12 +180,13 @@ class TrainData:
         _with_options(ds, _DATA), context,
         self._global_batch if self._data.drop_remainder else None)
 
-  def _prepared(self, pieces):
+  def _prepared(self, pieces, with_rows: bool = False):
     """`prepare_rows` on each numbered piece; the tf.data options."""
     task = self._task
 
     def prepare(batch, rows):
-      return prepare_rows(task, *batch, training=True, rows=rows)
+      prepared = prepare_rows(task, *batch, training=True, rows=rows)
+      return prepared if with_rows else prepared[:2]
 
     ds = pieces.map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
     return _endless(_finish(ds, _DATA))
@@ -203,14 +213,17 @@ class TrainData:
         _with_options(self.worker_items(context, start_step), _DATA), own,
         self._global_batch // workers)
 
-  def batches(self, start_step: int = 0) -> tf.data.Dataset:
+  def batches(self, start_step: int = 0,
+              with_rows: bool = False) -> tf.data.Dataset:
     """Whole global batches, preprocessed: what one replica trains on."""
-    return self.worker_batches(tf.distribute.InputContext(), start_step)
+    return self.worker_batches(tf.distribute.InputContext(), start_step,
+                               with_rows)
 
   def distribute(self, strategy: tf.distribute.Strategy, start_step: int = 0):
     """The distributed training iterator: each worker builds its own rows."""
     return iter(strategy.distribute_datasets_from_function(
-        lambda context: self.worker_batches(context, start_step)))
+        lambda context: self.worker_batches(context, start_step,
+                                            with_rows=True)))
 
   def expected_examples(self, first_step: int, steps: int) -> np.ndarray:
     """Examples the global batches of steps first_step+1.. hold, as made."""
@@ -348,6 +361,10 @@ def prepare_rows(task: Task, features, labels, *, training: bool, rows=None):
   Args:
     rows: (steps, positions), int64 [rows] each: the step that trains each
       row and its index in the global batch (training only).
+
+  Returns:
+    (features, labels), and in training the rows kept: (features, labels,
+    (steps, positions)).
   """
   out = task.preprocess_batch(features, labels, training=training)
   features, labels = out[:2]
@@ -360,7 +377,9 @@ def prepare_rows(task: Task, features, labels, *, training: bool, rows=None):
     keep = out[2]
     features, labels = tf.nest.map_structure(
         lambda t: tf.boolean_mask(t, keep), (features, labels))
-  return features, labels
+    if rows is not None:
+      rows = tf.nest.map_structure(lambda t: tf.boolean_mask(t, keep), rows)
+  return (features, labels) if rows is None else (features, labels, rows)
 
 
 def input_error(e: tf.errors.OpError):

@@ -30,7 +30,7 @@ from engine.core import batchnorm, best, checkpoint, eval_only, evaluate, inputs
 from engine.core import callbacks as callbacks_lib
 from engine.core import ema as ema_lib
 from engine.core import host_loop, init_weights, iterators, pace, preemption
-from engine.core import schedules, step
+from engine.core import randomness, schedules, step
 from engine.core.hooks import Hook
 from engine.core.optimizers import create_optimizer
 from engine.distribute import cluster, comm, devices, hang, memory, resources
@@ -87,6 +87,7 @@ class _State:
   total_steps: int
   ema: object = None         # engine/core/ema.EMA with --ema_decay
   best_state: object = None  # engine/core/best.BestState when one is kept
+  randomness: object = None  # engine/core/randomness.RowRandomness
   callbacks: list = dataclasses.field(default_factory=list)  # Keras's
 
 
@@ -316,17 +317,20 @@ def _build_state(task: Task, config: Config, setup: _Setup) -> _State:
   # Each worker decodes only its own rows (engine/core/inputs.py).
   iterator = data.distribute(strategy, start_step)
   names = step.row_names(metrics)
+  row_randomness = randomness.RowRandomness(
+      config.loop.seed, config.data.batch_size_per_replica *
+      config.optimization.grad_accum_steps)
   train_loop = step.make_train_loop(
       strategy, step.make_replica_step(
           task, model, optimizer, metrics,
           distribution=config.distribution,
           optimization=config.optimization,
           batch_size_per_replica=config.data.batch_size_per_replica,
-          ema=ema),
+          ema=ema, randomness=row_randomness),
       names, exchange_votes=_exchanged(config, setup))
   return _State(model, optimizer, checkpointer, metrics, names, data,
                 iterator, train_loop, start_step, total_steps, ema,
-                best_state)
+                best_state, row_randomness)
 
 
 def build_model(task: Task, config: Config) -> keras.Model:
@@ -500,6 +504,9 @@ def _summarize(task, config, setup, state, history, steady) -> dict:
       "malloc_tuned": setup.malloc_tuned,
       **_onednn_state(),
       "collectives_per_step": collectives,
+      # Layers whose random draws depend on the replica count
+      # (engine/core/randomness.py); [] when every draw is keyed by row.
+      "replica_dependent_randomness": state.randomness.summary(),
       "mode": config.loop.mode,
       "ema_decay": config.loop.ema_decay,
   })

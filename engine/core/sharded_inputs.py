@@ -20,6 +20,7 @@ import tensorflow as tf
 from tensorflow.python.distribute import input_ops  # pylint: disable=g-direct-tensorflow-import
 
 from data import decode
+from engine.core import randomness
 from engine.errors import flag_error
 
 _FILE = tf.data.experimental.AutoShardPolicy.FILE
@@ -85,15 +86,17 @@ def worker_items(examples: tf.data.Dataset, num_examples: int, *,
   if decode.counter.enabled:  # records read from the source, for tests
     examples = examples.map(_counted)
 
+  global_seed, offset = randomness.shuffle_seeds(seed)
+
   def epoch(e):
     ds = examples
     if shuffle_buffer:
-      ds = ds.shuffle(shuffle_buffer, seed=e * _EPOCH_STRIDE + worker)
+      ds = ds.shuffle(shuffle_buffer, seed=e * _EPOCH_STRIDE + worker + offset)
     return ds.batch(batch, drop_remainder=True)
 
   # The shuffle's seed pair is (--seed, its own): a function of (seed,
   # epoch, worker) only.
-  tf.random.set_seed(seed)
+  tf.random.set_seed(global_seed)
   ds = tf.data.Dataset.range(first_epoch, tf.int64.max).flat_map(epoch)
   ds = ds.skip(start_step - first_epoch * per_epoch)
   positions = tf.range(worker * batch, (worker + 1) * batch, dtype=tf.int64)

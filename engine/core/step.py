@@ -11,6 +11,7 @@ really had), "grad_norm" (of the mean gradient, before --clip_global_norm),
 metrics summed over its examples. `make_train_loop` turns the sums into
 means over the examples of the global batch.
 """
+import contextlib
 from typing import Callable, Optional, Sequence, Tuple
 
 import keras
@@ -44,7 +45,8 @@ def batch_size(features, labels) -> tf.Tensor:
 
 
 def forward_sums(task: Task, model, metrics, features, labels,
-                 training: bool, pad_empty: bool = False) -> tf.Tensor:
+                 training: bool, pad_empty: bool = False, rows=None,
+                 randomness=None) -> tf.Tensor:
   """[loss sum, metric sums...] of one (micro-)batch: the step's objective.
 
   The loss sum is the task's per-example losses summed, plus the model's
@@ -57,12 +59,17 @@ def forward_sums(task: Task, model, metrics, features, labels,
   examples, so n times each is their share of the global mean.
 
   `pad_empty`: the model never sees an empty batch (`_padded_call`).
+  `rows` and `randomness` (training): the model's random draws are keyed
+  by each row's (step, position) (engine/core/randomness.py).
   """
   count_rows = batch_size(features, labels)
-  if pad_empty:
-    outputs = _padded_call(model, features, count_rows, training)
-  else:
-    outputs = model(features, training=training)
+  keyed = (randomness.rows(rows, model) if randomness is not None
+           else contextlib.nullcontext())
+  with keyed:
+    if pad_empty:
+      outputs = _padded_call(model, features, count_rows, training)
+    else:
+      outputs = model(features, training=training)
   # float32 for the loss and metrics, also under a mixed precision policy.
   outputs = tf.nest.map_structure(
       lambda t: tf.cast(t, tf.float32) if t.dtype.is_floating else t, outputs)
@@ -131,7 +138,8 @@ def check_forward(task: Task, model, metrics, element_spec) -> None:
 def make_replica_step(task: Task, model, optimizer, metrics, *,
                       distribution: DistributionConfig,
                       optimization: OptimizationConfig,
-                      batch_size_per_replica: int, ema=None) -> Callable:
+                      batch_size_per_replica: int, ema=None,
+                      randomness=None) -> Callable:
   """Returns the per-replica step: forward, backward, one all-reduce, update.
 
   The loss is the mean over the examples actually present in the global batch:
@@ -149,6 +157,8 @@ def make_replica_step(task: Task, model, optimizer, metrics, *,
   what one device with the whole global batch would do (docs/design.md).
 
   `ema` (engine/core/ema.py), if given, is updated after every update.
+  `randomness` (engine/core/randomness.RowRandomness) keys the model's
+  random draws by row.
   """
   options = communication_options(distribution)
   variables = model.trainable_variables
@@ -161,7 +171,7 @@ def make_replica_step(task: Task, model, optimizer, metrics, *,
   # counts rows itself, so it gets the empty batch (engine/onednn.py).
   pad_empty = distribution.sync_batchnorm and optimization.fused_batchnorm
 
-  def replica_step(features, labels):
+  def replica_step(features, labels, rows):
     ctx = tf.distribute.get_replica_context()
     # Read before the update, which may change it (float16 loss scaling).
     scale = (tf.identity(optimizer.dynamic_scale.value) if loss_scaled
@@ -173,15 +183,16 @@ def make_replica_step(task: Task, model, optimizer, metrics, *,
                     tf.cast(optimizer.learning_rate, tf.float32), 0.0)
     forward_backward = _forward_backward_fn(
         task, model, variables, metrics, optimization.jit_compile,
-        pad_empty)
+        pad_empty, randomness)
     local_count = tf.cast(batch_size(features, labels), tf.float32)
     # With compression the count needs an all-reduce of its own (see
     # _mean_gradients). It depends only on the batch's shape, so it is issued
     # here, before the forward pass, and its latency hides behind the compute.
     early_count = (ctx.all_reduce(_SUM, local_count, options=options)
                    if wire_dtype is not None else None)
-    grads, sums = _accumulate(forward_backward, variables, features, labels,
-                              scale, accum, batch_size_per_replica,
+    grads, sums = _accumulate(forward_backward, variables,
+                              (features, labels, rows), scale, accum,
+                              batch_size_per_replica,
                               distribution.sync_batchnorm, len(metrics))
     nominal_count = float(batch_size_per_replica * accum *
                           ctx.num_replicas_in_sync)
@@ -212,8 +223,15 @@ def _mean_gradients(ctx, grads, local_count, global_count, options,
                     wire_dtype: Optional[tf.DType], nominal_count: float):
   """The gradient all-reduce, exactly once per step, divided by the count.
 
-  The optimizer (engine/optimizers.py) applies what it is given and does not
-  reduce again. Without compression the example count rides in the same
+  The optimizer (engine/core/optimizers.py) applies what it is given and does
+  not reduce again. Every gradient is dense here, an embedding's too
+  (`_forward_backward_fn`): TensorFlow keys a collective's state by its
+  instance and the host call, so a collective inside the compiled loop must
+  have the same shape in every step of a call, and a sparse gradient's
+  all-gather changes shape with the batch (a partial batch on N replicas
+  failed with "Shape mismatch in the collective instance"). Dense, it rides
+  in the one all-reduce with the rest, at vocabulary x width floats per
+  step (docs/design.md, "Sparse gradients"). Without compression the example count rides in the same
   all-reduce as the gradients. With compression the gradients travel as
   float16/bfloat16, pre-divided by the nominal global batch so that their
   sum is about the mean gradient and cannot overflow float16; one multiply
@@ -248,7 +266,8 @@ def _clip(grads, norm, limit):
 
 
 def _forward_backward_fn(task: Task, model, variables, metrics,
-                         jit_compile: bool, pad_empty: bool) -> Callable:
+                         jit_compile: bool, pad_empty: bool,
+                         randomness) -> Callable:
   """Gradients of one (micro-)batch's summed loss times the loss scale.
 
   With `--jit_compile` this part, not the whole step, is compiled by XLA:
@@ -257,27 +276,31 @@ def _forward_backward_fn(task: Task, model, variables, metrics,
   per replica, so that each replica's trace captures its own variables.
 
   Returns:
-    forward_backward(features, labels, scale) -> (gradients, sums), sums
+    forward_backward(features, labels, rows, scale) -> (gradients, sums), sums
     being [loss sum, metric sums...] (see `forward_sums`); a variable the
     loss does not reach gets a zero gradient.
   """
-  def forward_backward(features, labels, scale):
+  def forward_backward(features, labels, rows, scale):
     with tf.GradientTape() as tape:
       sums = forward_sums(task, model, metrics, features, labels,
-                          training=True, pad_empty=pad_empty)
+                          training=True, pad_empty=pad_empty, rows=rows,
+                          randomness=randomness)
       scaled = sums[0] * scale  # 1.0 unless float16 loss scaling
-    return tape.gradient(scaled, variables,
-                         unconnected_gradients=tf.UnconnectedGradients.ZERO
-                         ), sums
+    grads = tape.gradient(scaled, variables,
+                          unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    # Dense, an embedding's IndexedSlices too: each collective of the
+    # compiled loop must have one shape in every step (see `_mean_gradients`).
+    return [tf.convert_to_tensor(g) for g in grads], sums
 
   if jit_compile:
     return tf.function(forward_backward, jit_compile=True, autograph=False)
   return forward_backward
 
 
-def _accumulate(forward_backward, variables, features, labels, scale,
-                k: int, micro: int, sync_batchnorm: bool, num_metrics: int):
-  """Sums gradients and the row's sums over the K micro-batches.
+def _accumulate(forward_backward, variables, batch, scale, k: int,
+                micro: int, sync_batchnorm: bool, num_metrics: int):
+  """Sums gradients and the row's sums over the K micro-batches of `batch`
+  = (features, labels, rows).
 
   A replica's empty (micro-)batch -- its share of a partial batch, or rows
   its task could not read -- computes nothing and adds zeros: an empty
@@ -292,23 +315,15 @@ def _accumulate(forward_backward, variables, features, labels, scale,
   def one(part):
     if sync_batchnorm:
       return forward_backward(*part, scale)
-    computed = []
-
-    def compute():
-      computed.append(forward_backward(*part, scale))
-      return computed[0]
-    # The untaken branch returns zeros of the computed branch's types (traced
-    # first): an embedding's gradient is IndexedSlices, kept sparse.
-    return tf.cond(batch_size(*part) > 0, compute, lambda: (
-        [_zeros_like(g, v) for g, v in zip(computed[0][0], variables)],
-        zeros[1]))
+    return tf.cond(batch_size(*part[:2]) > 0,
+                   lambda: forward_backward(*part, scale), lambda: zeros)
 
   if k == 1:
-    return one((features, labels))
+    return one(batch)
 
   def add(i, totals):
     part = tf.nest.map_structure(lambda t: t[i * micro:(i + 1) * micro],
-                                 (features, labels))
+                                 batch)
     return tf.nest.map_structure(tf.add, totals, one(part))
 
   if sync_batchnorm:
@@ -320,18 +335,6 @@ def _accumulate(forward_backward, variables, features, labels, scale,
     return totals
   return tf.while_loop(lambda i, _: i < k, lambda i, t: (i + 1, add(i, t)),
                        (tf.constant(0), zeros))[1]
-
-
-def _zeros_like(gradient, variable):
-  """A zero gradient of `gradient`'s type for `variable`: an empty
-  IndexedSlices for IndexedSlices, else a tensor."""
-  if isinstance(gradient, tf.IndexedSlices):
-    values = gradient.values
-    return tf.IndexedSlices(
-        tf.zeros([0] + values.shape[1:].as_list(), values.dtype),
-        tf.zeros([0], gradient.indices.dtype),
-        tf.constant(list(variable.shape), gradient.dense_shape.dtype))
-  return tf.zeros(variable.shape, gradient.dtype)
 
 
 def means(sums: tf.Tensor, names: Sequence[str]) -> tf.Tensor:
@@ -385,8 +388,8 @@ def make_train_loop(strategy: tf.distribute.Strategy, replica_step: Callable,
   width = len(names)
 
   def one_step(iterator, i, rows):
-    features, labels = next(iterator)
-    per_replica = strategy.run(replica_step, args=(features, labels))
+    # (features, labels, rows): engine/core/inputs.py
+    per_replica = strategy.run(replica_step, args=next(iterator))
     return i + 1, [r.write(i, v) for r, v in
                    zip(rows, strategy.experimental_local_results(per_replica))]
 
