@@ -146,7 +146,8 @@ class TrainData:
     # A shuffle's seed pair is (TensorFlow's global seed, its own): both are
     # set here, so the order depends on --seed and the epoch only.
     tf.random.set_seed(global_seed)
-    ds = tf.data.Dataset.range(first_epoch, tf.int64.max).flat_map(epoch)
+    ds = tf.data.Dataset.range(first_epoch, tf.int64.max).flat_map(
+        _unconverted(epoch))
     return ds.skip(start_step - first_epoch * per_epoch)
 
   def worker_batches(self, context: tf.distribute.InputContext,
@@ -175,7 +176,7 @@ class TrainData:
     # Numbered before the split: each row carries the step that trains it
     # and its position in the global batch, for `augment_batch`.
     ds = self.global_items(start_step).enumerate(start=start_step).map(
-        _numbered)
+        _unconverted(_numbered))
     return _worker_pieces(
         _with_options(ds, _DATA), context,
         self._global_batch if self._data.drop_remainder else None)
@@ -188,7 +189,8 @@ class TrainData:
       prepared = prepare_rows(task, *batch, training=True, rows=rows)
       return prepared if with_rows else prepared[:2]
 
-    ds = pieces.map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
+    ds = pieces.map(_unconverted(prepare, task),
+                    num_parallel_calls=tf.data.AUTOTUNE)
     return _endless(_finish(ds, _DATA))
 
   def worker_items(self, context: tf.distribute.InputContext,
@@ -282,7 +284,8 @@ class EvalData:
     # Partial batches (the last one): never a static batch size.
     ds = _worker_pieces(_with_options(ds, self.policy), context, None)
     task = self._task
-    ds = ds.map(lambda f, l: prepare_rows(task, f, l, training=False),
+    ds = ds.map(_unconverted(
+        lambda f, l: prepare_rows(task, f, l, training=False), task),
                 num_parallel_calls=tf.data.AUTOTUNE)
     ds = _finish(ds, self.policy)
     return _endless(ds) if repeat else ds
@@ -342,6 +345,20 @@ def _worker_pieces(ds: tf.data.Dataset, context: tf.distribute.InputContext,
     ds = input_ops.auto_shard_dataset(ds, workers, context.input_pipeline_id,
                                       replicas)
   return ds
+
+
+def _unconverted(fn, task: Optional[Task] = None):
+  """`fn` for tf.data, marked for AutoGraph to leave alone, unless it calls a
+  task's own `preprocess_batch` or `augment_batch`, which tf.data converts
+  as it converts every map function. The engine's functions need no
+  conversion (no Python branch on a tensor), and AutoGraph's first use in a
+  process costs about half a second of a run's start (benchmarks/
+  RESULTS.md, "Start-up")."""
+  if task is not None and (
+      type(task).preprocess_batch is not Task.preprocess_batch or
+      type(task).augment_batch is not Task.augment_batch):
+    return fn
+  return tf.autograph.experimental.do_not_convert(fn)
 
 
 def _numbered(step, batch):
