@@ -5,10 +5,10 @@ per replica) for a wall time, first on `mirrored` with 2 logical CPUs, then on
 2 workers through `engine.launch`, with periodic checkpoints, TensorBoard
 summaries and evaluations on, so each of them would show a leak. Every
 `--sample_seconds` it prints, per training process, its threads, resident
-memory (RSS), open files, examples/s since the last sample and the host
-call's length (`--steps_per_loop=auto`, the default, logs each change). At
-the end it sends SIGTERM (the run saves a checkpoint and exits 75) and
-judges each process:
+memory (RSS, and its anonymous part), open files, examples/s since the last
+sample and the host call's length (`--steps_per_loop=auto`, the default,
+logs each change). At the end it sends SIGTERM (the run saves a checkpoint
+and exits 75) and judges each process:
 
   threads  stay within +10 of the count at the first sample (minute 1);
   RSS      grows less than 2% (--rss_growth) from the second sample (minute
@@ -52,15 +52,20 @@ JOB = ["--model=small_cnn", "--image_size=32",
 
 def judge(samples, thread_slack: int = THREAD_SLACK,
           rss_growth: float = RSS_GROWTH):
-  """(passed, reason) for one process's samples [(threads, rss_mib), ...].
+  """(passed, reason) for one process's samples [(threads, rss_mib[,
+  anon_mib]), ...].
 
   Threads are compared with the first sample, RSS with the second: the
-  first minute includes tracing and the allocator's warm-up.
+  first minute includes tracing and the allocator's warm-up. The anonymous
+  part of RSS (the heap: what a leak grows), when sampled, is reported
+  beside it: the rest is the shared libraries' pages mapped so far, which
+  also grows when other processes read more of those libraries into the
+  page cache (the kernel maps cached neighbours of a page on each fault).
   """
   if len(samples) < 3:
     return False, f"only {len(samples)} samples; run longer"
   threads0, rss1 = samples[0][0], samples[1][1]
-  threads_max = max(t for t, _ in samples)
+  threads_max = max(s[0] for s in samples)
   rss_end = samples[-1][1]
   growth = rss_end / rss1 - 1.0
   ok_threads = threads_max <= threads0 + thread_slack
@@ -69,7 +74,20 @@ def judge(samples, thread_slack: int = THREAD_SLACK,
             f"({'ok' if ok_threads else 'FAIL'}: limit +{thread_slack}); "
             f"RSS {rss1:.0f} -> {rss_end:.0f} MiB ({growth:+.1%}, "
             f"{'ok' if ok_rss else 'FAIL'}: limit +{rss_growth:.0%})")
+  if len(samples[1]) > 2:
+    anon1, anon_end = samples[1][2], samples[-1][2]
+    reason += (f"; anonymous {anon1:.0f} -> {anon_end:.0f} MiB "
+               f"({anon_end / anon1 - 1.0:+.1%})")
   return ok_threads and ok_rss, reason
+
+
+def anonymous_mib(pid: int) -> float:
+  """The anonymous part of a process's RSS (RssAnon), in MiB."""
+  with open(f"/proc/{pid}/status") as f:
+    for line in f:
+      if line.startswith("RssAnon:"):
+        return int(line.split()[1]) / 1024
+  raise RuntimeError(f"no RssAnon for pid {pid}")
 
 
 class _Output:
@@ -124,7 +142,8 @@ def soak(setup: str, minutes: float, sample_seconds: float, extra, log_dir,
       start = time.monotonic()
       last_step, last_time = 0, start
       print(f"{'min':>5} {'process':>9} {'threads':>8} {'RSS MiB':>9} "
-            f"{'files':>6} {'examples/s':>11} {'steps/call':>10}", flush=True)
+            f"{'anon MiB':>9} {'files':>6} {'examples/s':>11} "
+            f"{'steps/call':>10}", flush=True)
       for k in range(1, int(minutes * 60 / sample_seconds) + 1):
         time.sleep(max(0.0, start + k * sample_seconds - time.monotonic()))
         if proc.poll() is not None:
@@ -139,10 +158,11 @@ def soak(setup: str, minutes: float, sample_seconds: float, extra, log_dir,
           use = resources.usage(str(pid)) if pid else None
           if use is None:
             raise RuntimeError(f"cannot read {name}'s /proc entry")
-          samples[name].append((use.threads, use.rss_mib))
+          anon = anonymous_mib(pid)
+          samples[name].append((use.threads, use.rss_mib, anon))
           print(f"{k * sample_seconds / 60:5.1f} {name:>9} {use.threads:8d} "
-                f"{use.rss_mib:9.1f} {use.open_files:6d} {rate:11.1f} "
-                f"{out.steps_per_call or '-':>10}", flush=True)
+                f"{use.rss_mib:9.1f} {anon:9.1f} {use.open_files:6d} "
+                f"{rate:11.1f} {out.steps_per_call or '-':>10}", flush=True)
     finally:
       if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)  # saves a checkpoint, exits 75

@@ -58,17 +58,19 @@ def test_pace_aims_at_a_host_call_a_second():
   assert auto.steps == 1 and auto.proposal() == 1
   auto.timed(1, 0.004)  # overhead included: proposes 250, not more
   assert auto.proposal() == 250
-  auto.timed(250, 0.5)  # 2 ms a step: 500 steps a second
+  # The last 4 calls' steps over their seconds: (1 + 249) / 0.5 s.
+  auto.timed(249, 0.496)
   assert auto.proposal() == 500
-  auto.timed(500, 1.1)  # within 25%: kept, noise does not move it
+  auto.timed(500, 1.5)  # 250 / s alone, 375 / s over the window: kept
   assert auto.proposal() == 500
-  auto.timed(500, 5.0)  # slower now: 100
-  assert auto.proposal() == 100
-  auto.timed(1, 1e-9)
-  assert auto.proposal() == pace.MAX_STEPS
+  auto.timed(500, 4.0)  # slower: 1250 steps in 6 s
+  assert auto.proposal() == 208
   assert auto.steps == 1  # only the agreed value (the chief's) is used
-  auto.agreed(100.0)
-  assert auto.steps == 100 and auto.calls == 1
+  auto.agreed(208.0)
+  assert auto.steps == 208 and auto.calls == 1
+  fast = pace.Pace("auto")
+  fast.timed(1, 1e-9)
+  assert fast.proposal() == pace.MAX_STEPS
 
 
 def _dense_task(examples=4096):

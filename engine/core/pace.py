@@ -9,10 +9,11 @@ the preemption agreement, resource checks). `auto` (the default) aims at
 one host call about every TARGET_SECONDS:
 
 * the first call runs one step (it traces); the calls after it start at
-  one step and, from the second call's timing on, each call's duration is
-  measured and the length that would take TARGET_SECONDS is proposed
-  (kept while within _HYSTERESIS of the current one, so timing noise does
-  not move it), up to MAX_STEPS;
+  one step and, from the second call's timing on, the speed of the last
+  _WINDOW calls (their steps over their seconds, so a long call outweighs
+  a short one) gives the length that would take TARGET_SECONDS, which is
+  proposed unless it is within _HYSTERESIS of the current proposal (timing
+  noise on a busy host does not move it), up to MAX_STEPS;
 * the proposal rides in the host call's end-of-call all-reduce, and every
   worker takes replica 0's, i.e. the chief's (step.make_train_loop): host
   calls must hold the same number of steps on every worker, or their
@@ -30,6 +31,7 @@ from typing import Union
 TARGET_SECONDS = 1.0
 MAX_STEPS = 100_000  # float32 carries it exactly (below 2**24)
 _HYSTERESIS = 0.25
+_WINDOW = 4
 
 
 class Pace:
@@ -43,6 +45,7 @@ class Pace:
     self.auto = steps_per_loop == "auto"
     self.steps = 1 if self.auto else int(steps_per_loop)
     self._proposal = self.steps
+    self._recent = []  # (steps, seconds) of the last _WINDOW timed calls
     self.calls = 0  # host calls made
 
   def proposal(self) -> int:
@@ -53,7 +56,10 @@ class Pace:
     """A call of `steps` steps (not the first, which traces) took `seconds`."""
     if not self.auto or seconds <= 0:
       return
-    ideal = min(MAX_STEPS, max(1, round(steps * TARGET_SECONDS / seconds)))
+    self._recent = (self._recent + [(steps, seconds)])[-_WINDOW:]
+    rate = (sum(n for n, _ in self._recent) /
+            sum(t for _, t in self._recent))
+    ideal = min(MAX_STEPS, max(1, round(rate * TARGET_SECONDS)))
     if abs(ideal - self._proposal) > _HYSTERESIS * self._proposal:
       self._proposal = ideal
 
