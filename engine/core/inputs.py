@@ -49,6 +49,8 @@ from engine.errors import ConfigError, flag_error
 from engine.task import Task
 
 _DATA = tf.data.experimental.AutoShardPolicy.DATA
+# Batches each pipeline prepares ahead of the step (see `_finish`).
+_PREFETCH = 2
 # Per-epoch shuffle seeds: seed * _EPOCH_STRIDE + epoch never repeats.
 _EPOCH_STRIDE = 1_000_003
 
@@ -421,9 +423,14 @@ def _finish(ds: tf.data.Dataset, policy) -> tf.data.Dataset:
   """tf.data options, set once here for training and evaluation.
 
   The auto-shard policy is explicit so MultiWorkerMirroredStrategy neither
-  guesses nor warns. Parallel map calls and prefetching are AUTOTUNE.
+  guesses nor warns. Parallel map calls are AUTOTUNE; the prefetch buffer
+  holds _PREFETCH batches: with AUTOTUNE, tf.data's autotuner grew it on a
+  busy host until the process held about 100 MiB more, once, some 10
+  minutes into a run, and never gave it back (benchmarks/RESULTS.md, the
+  issue-30 soak); two batches let the next step's rows be made while a
+  step runs.
   """
-  return _with_options(ds, policy).prefetch(tf.data.AUTOTUNE)
+  return _with_options(ds, policy).prefetch(_PREFETCH)
 
 
 def _with_options(ds: tf.data.Dataset, policy) -> tf.data.Dataset:
