@@ -30,6 +30,7 @@ import dataclasses
 import inspect
 import signal
 import sys
+import traceback
 from typing import Callable, List, Optional, Tuple, Union
 
 from absl import app
@@ -128,7 +129,9 @@ HELP = {
     # Loop.
     "epochs": "Epochs to train.",
     "train_steps": "Steps to train; 0 = run --epochs epochs.",
-    "steps_per_loop": "Steps per host call (one compiled tf.range loop).",
+    "steps_per_loop": "Steps per host call (one compiled tf.range loop), or "
+                      "auto: about one call a second, measured as it runs "
+                      "(every worker takes the chief's choice).",
     "eval_every": "Evaluate every N steps (0: at the end of each epoch); "
                   "always also at the last step.",
     "seed": "Seed for weights and data order.",
@@ -149,8 +152,10 @@ HELP = {
     "model_dir": "Where summary.json and checkpoints/ go (chief only).",
     "checkpoint_every": "Save a checkpoint every N steps (0: only at the end).",
     "keep_checkpoints": "Checkpoints to keep.",
-    "allow_resume_change": "Resume even if the replica count or global batch "
-                           "differs from the checkpointed run.",
+    "allow_resume_change": "Resume even where the results would change: "
+                           "another global batch, or --shard_files with "
+                           "another worker count (another replica or worker "
+                           "count alone resumes without it).",
     "preemption_sync": "After every host call, agree with all workers whether "
                        "one got SIGTERM/SIGINT, so all save at the same step. "
                        "Turn off only to measure what the agreement costs.",
@@ -254,6 +259,8 @@ def config_from_flags(flag_values=flags.FLAGS) -> config_lib.Config:
     values[name] = value
   if "profile_steps" in values:
     values["profile_steps"] = _ints("profile_steps", values["profile_steps"])
+  if values.get("steps_per_loop", "auto").strip().isdigit():  # else "auto"
+    values["steps_per_loop"] = int(values["steps_per_loop"])
   if "lr_boundaries" in values:
     values["lr_boundaries"] = _ints("lr_boundaries", values["lr_boundaries"])
   if "lr_values" in values:
@@ -290,9 +297,15 @@ def parse_flags(argv):
     fail(str(e).removeprefix("ERROR:: ").strip(), EXIT_BAD_INPUT)
 
 
-def fail(message: str, code: int = EXIT_BAD_INPUT):
+def say_error(message: str) -> None:
+  """README's form of a failure: one `error:` line on stderr."""
   logging.flush()
   print(f"error: {message}", file=sys.stderr, flush=True)
+
+
+def fail(message: str, code: int = EXIT_BAD_INPUT):
+  """Says the error and exits (before TensorFlow is loaded)."""
+  say_error(message)
   sys.exit(code)
 
 
@@ -324,14 +337,32 @@ def main(make_task: MakeTask, argv, *, callbacks=()) -> None:
   onednn.turn_off_for(config)
   # Imported only now: a bad flag is refused without loading TensorFlow, and
   # the engine's environment defaults (engine/__init__.py) are already set.
+  from engine import ending  # pylint: disable=g-import-not-at-top
+  from engine.distribute import cluster  # pylint: disable=g-import-not-at-top
+  code, agreed, config = _train(make_task, config, callbacks)
+  if agreed:  # every worker ends this way: leave together (cluster.py)
+    cluster.meet_peers(config.distribution.collective_timeout)
+  # Everything is written: exit now, without TensorFlow's teardown, which can
+  # wait a minute for tf.data's threads (engine/ending.py).
+  ending.end(code)
+
+
+def _train(make_task: MakeTask, config, callbacks):
+  """Trains; returns (exit code, whether every worker ends with it alike,
+  the config the task ran with).
+
+  Every outcome but an unexpected error is one line on stderr (README's
+  exit codes). "Alike": done, preempted, stopped for a resource and
+  diverged are agreed by all workers at the same step; a lost peer, bad
+  input or an out-of-memory step are one worker's own.
+  """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from engine.core import checkpoint  # pylint: disable=g-import-not-at-top
   from engine.core.run import run as run_task  # pylint: disable=g-import-not-at-top
   from engine.distribute import cluster, devices, resources  # pylint: disable=g-import-not-at-top
   try:
     # SIGTERM before the first step (from then on engine/core/preemption.py
-    # only notes it, to save at an agreed step) exits through SystemExit, so
-    # atexit clean-up (a non-chief's temporary directory) still runs.
+    # only notes it, to save at an agreed step) exits with 128 + 15.
     signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(128 + signum))
     # Logical devices must exist before TensorFlow runs any op.
     devices.configure_host(config.distribution.cpu_devices)
@@ -339,32 +370,43 @@ def main(make_task: MakeTask, argv, *, callbacks=()) -> None:
     task, config = made if isinstance(made, tuple) else (made, config)
     run_task(task, config, callbacks=(callbacks(config) if callable(callbacks)
                                       else callbacks))
+    return 0, True, config
   except checkpoint.Preempted as e:
     logging.flush()
-    print(f"preempted: {e}", file=sys.stderr)
-    sys.exit(checkpoint.PREEMPTED_EXIT_CODE)
+    print(f"preempted: {e}", file=sys.stderr, flush=True)
+    return checkpoint.PREEMPTED_EXIT_CODE, True, config
   except checkpoint.ResourceStop as e:
-    fail(str(e), resources.RESOURCE_EXIT_CODE)
+    say_error(str(e))
+    return resources.RESOURCE_EXIT_CODE, True, config
   except FloatingPointError as e:
-    fail(f"training diverged: {e}; the latest checkpoint in "
-         f"{config.checkpoints.model_dir}/checkpoints holds the last finite "
-         "weights. Lower --learning_rate.", EXIT_DIVERGED)
+    say_error(f"training diverged: {e}; the latest checkpoint in "
+              f"{config.checkpoints.model_dir}/checkpoints holds the last "
+              "finite weights. Lower --learning_rate.")
+    return EXIT_DIVERGED, True, config
   except ConfigError as e:
-    fail(str(e), EXIT_BAD_INPUT)
+    say_error(str(e))
+    return EXIT_BAD_INPUT, False, config
   except ClusterError as e:
     # A lost peer or a stuck collective, named by engine/distribute/hang.py.
-    fail(str(e), EXIT_CLUSTER)
+    say_error(str(e))
+    return EXIT_CLUSTER, False, config
   except (MemoryError, tf.errors.ResourceExhaustedError) as e:
     # Raised inside a step, whose update may be half applied: no new
     # checkpoint; a rerun resumes from the latest one.
     text = str(e).strip().splitlines()
-    fail(f"out of memory ({type(e).__name__}: "
-         f"{text[-1] if text else 'no details'}); the latest checkpoint in "
-         f"{config.checkpoints.model_dir}/checkpoints is intact. Lower "
-         "--batch_size_per_replica or free memory.",
-         resources.RESOURCE_EXIT_CODE)
+    say_error(f"out of memory ({type(e).__name__}: "
+              f"{text[-1] if text else 'no details'}); the latest checkpoint "
+              f"in {config.checkpoints.model_dir}/checkpoints is intact. "
+              "Lower --batch_size_per_replica or free memory.")
+    return resources.RESOURCE_EXIT_CODE, False, config
   except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
           tf.errors.CancelledError, tf.errors.AbortedError) as e:
     # A collective failed: a peer died or hung. One line, non-zero exit.
-    fail(cluster.failure_line(e, config.distribution.collective_timeout),
-         EXIT_CLUSTER)
+    say_error(cluster.failure_line(e, config.distribution.collective_timeout))
+    return EXIT_CLUSTER, False, config
+  except SystemExit as e:  # the SIGTERM above, before the first step
+    return e.code if isinstance(e.code, int) else 1, False, config
+  except Exception:  # pylint: disable=broad-except
+    # Not one of README's outcomes: the traceback, as Python would print it.
+    traceback.print_exc()
+    return 1, False, config

@@ -14,7 +14,7 @@ of the first bad field; `Config` checks the combinations across sections.
 import dataclasses
 import os
 import re
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple, Union
 
 from engine.errors import ConfigError, flag_error
 
@@ -236,7 +236,9 @@ class LoopConfig:
   """How long to train, how steps are grouped, when to evaluate."""
   epochs: int = 5
   train_steps: int = 0  # 0 = run `epochs` epochs
-  steps_per_loop: int = 10  # steps per host call
+  # Steps per host call, or "auto": about one call a second
+  # (engine/core/pace.py).
+  steps_per_loop: Union[int, str] = "auto"
   eval_every: int = 0  # steps between evaluations; 0 = at each epoch's end
   seed: int = 42  # weights and data order
   # Host memory: keep large CPU tensors in malloc's heap
@@ -251,7 +253,10 @@ class LoopConfig:
   early_stopping_patience: int = 0
 
   def __post_init__(self):
-    _positive(self, "steps_per_loop")
+    loop = self.steps_per_loop
+    if loop != "auto" and not (isinstance(loop, int) and loop > 0):
+      raise flag_error("steps_per_loop", loop, "must be a positive integer "
+                       "or auto (about one host call a second).")
     _non_negative(self, "epochs", "train_steps", "eval_every",
                   "early_stopping_patience")
     _one_of("mode", self.mode, MODES)

@@ -11,7 +11,6 @@ The outer loop in four parts, each a small function:
 and then the summary (summary.json), final weights and the export.
 --mode=eval runs engine/core/eval_only.py instead.
 """
-import atexit
 import contextlib
 import dataclasses
 import json
@@ -25,12 +24,12 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from engine import onednn
+from engine import ending, onednn
 from engine.config import Config
 from engine.core import batchnorm, best, checkpoint, eval_only, evaluate, inputs
 from engine.core import callbacks as callbacks_lib
 from engine.core import ema as ema_lib
-from engine.core import host_loop, init_weights, iterators, preemption
+from engine.core import host_loop, init_weights, iterators, pace, preemption
 from engine.core import randomness, schedules, step
 from engine.core.hooks import Hook
 from engine.core.optimizers import create_optimizer
@@ -178,15 +177,19 @@ def _train(task: Task, config: Config, setup: _Setup, state: _State,
     state.callbacks = callbacks
     hook_list, closers = _make_hooks(task, config, setup, state, watch, hooks,
                                      stop)
+    loop_pace = pace.Pace(config.loop.steps_per_loop)
     try:
       history, steady, stopped = host_loop.train(
-          state, config.loop.steps_per_loop, hook_list, watch, stop)
+          state, loop_pace, hook_list, watch, stop)
     finally:
       for close in closers:
         close()
     cluster.stop_watchdog()  # the last collective is done; peers may exit
     summary = _summarize(task, config, setup, state, history, steady)
     summary.update(stopped)
+    summary.update(steps_per_loop=loop_pace.steps,
+                   steps_per_loop_auto=loop_pace.auto,
+                   host_calls=loop_pace.calls)
     for h in hook_list:
       h.end(summary)
   return _finish(task, config, setup, state, summary, history)
@@ -242,7 +245,7 @@ def _set_up(config: Config) -> _Setup:
   output_dir = config.checkpoints.model_dir if chief else tempfile.mkdtemp(
       prefix="tfengine_worker_")
   if not chief:  # also on an error exit (not on SIGKILL)
-    atexit.register(shutil.rmtree, output_dir, ignore_errors=True)
+    ending.at_exit(shutil.rmtree, output_dir, ignore_errors=True)
   check_model_dir(output_dir)
   if chief and config.reporting.export and config.reporting.export_dir:
     check_model_dir(config.reporting.export_dir, "export_dir")
@@ -304,7 +307,8 @@ def _build_state(task: Task, config: Config, setup: _Setup) -> _State:
       model_dir=ckpt.model_dir, keep=ckpt.keep_checkpoints,
       allow_resume_change=ckpt.allow_resume_change, extras=extras)
   identity = checkpoint.run_identity(described, setup.replicas,
-                                     setup.global_batch)
+                                     setup.global_batch, setup.workers,
+                                     config.data.shard_files)
   init_weights.initialize(model, config.initialization, resuming=bool(
       tf.train.latest_checkpoint(os.path.join(ckpt.model_dir, "checkpoints"))))
   start_step = checkpointer.restore(identity)
@@ -460,7 +464,7 @@ def _summarize(task, config, setup, state, history, steady) -> dict:
   reporting_config = config.reporting
   collectives = comm.collectives_per_step(
       state.train_loop.get_concrete_function(
-          state.iterator, tf.constant(1, tf.int32), tf.constant(0.0)),
+          state.iterator, tf.constant(1, tf.int32), tf.constant([0.0, 0.0])),
       len(setup.strategy.extended.worker_devices))
   loss = history["loss"]
   last = lambda a: float(a[-1]) if len(a) else None
@@ -513,17 +517,20 @@ def _finish(task, config, setup, state, summary, history) -> Result:
   """Writes summary.json and the weights, exports; returns the Result."""
   with open(os.path.join(setup.output_dir, "summary.json"), "w") as f:
     json.dump(summary, f, indent=2)
-  logging.info("Done: %s", json.dumps(summary))
   weights = [np.array(v.numpy()) for v in state.model.trainable_variables]
   if config.checkpoints.weights_out:
     np.savez(os.path.join(setup.output_dir, config.checkpoints.weights_out),
              *weights)
-  with ema_lib.swapped(state.ema):  # the export serves the averages
-    reporting.finish(config.reporting, task, state.model,
-                     state.data.features_spec, chief=setup.chief,
-                     output_dir=setup.output_dir)
+  if config.reporting.export:  # (the features' spec builds a pipeline)
+    with ema_lib.swapped(state.ema):  # the export serves the averages
+      reporting.finish(config.reporting, task, state.model,
+                       state.data.features_spec, chief=setup.chief,
+                       output_dir=setup.output_dir)
   if not setup.chief:
     shutil.rmtree(setup.output_dir, ignore_errors=True)
+  # Last: once it is printed, everything is written (the command line exits
+  # right after it, engine/ending.py).
+  logging.info("Done: %s", json.dumps(summary))
   return Result(summary, history, weights,
                 state.train_loop.experimental_get_tracing_count(), state.model,
                 state.ema and state.ema.values())
