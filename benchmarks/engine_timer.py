@@ -1,15 +1,31 @@
 """The engine's throughput as the benchmarks time it: `engine.run` with a
 hook that counts the examples of the steps after the warm-up, end to end
-(benchmarks.throughput, benchmarks.in_process). Defines no flags."""
+(benchmarks.throughput, benchmarks.in_process, benchmarks.families).
+Defines no flags."""
 import time
 
 
 def engine_rate(fields: dict, warmup: int, steps: int) -> float:
   """Examples/s of steps warmup+1 .. warmup+steps of the built-in job made
   from `fields` (flag names); host calls stop at both marks."""
+  from engine.tasks import image_classification as ic  # pylint: disable=g-import-not-at-top
+  config, image = ic.configs(**fields)
+  return task_rate(ic.ImageClassification(image, seed=config.randomness.seed),
+                   config, warmup, steps)
+
+
+def task_rate(task, config, warmup: int, steps: int) -> float:
+  """Examples/s of steps warmup+1 .. warmup+steps of `engine.run(task,
+  config)`; host calls stop at both marks."""
+  examples, seconds, _ = task_timing(task, config, warmup, steps)
+  return examples / seconds
+
+
+def task_timing(task, config, warmup: int, steps: int):
+  """(examples, wall seconds, CPU seconds of this process) of steps
+  warmup+1 .. warmup+steps of `engine.run(task, config)`."""
   import engine  # pylint: disable=g-import-not-at-top
   from engine import hooks  # pylint: disable=g-import-not-at-top
-  from engine.tasks import image_classification as ic  # pylint: disable=g-import-not-at-top
 
   class Timer(hooks.Hook):
     def __init__(self):
@@ -24,12 +40,11 @@ def engine_rate(fields: dict, warmup: int, steps: int) -> float:
     def after_loop(self, step, rows, seconds):
       if self.start is not None and step <= warmup + steps:
         self.examples += float(rows["examples"].sum())
-        self.stop = time.perf_counter()
+        self.stop = (time.perf_counter(), time.process_time())
       if step == warmup:
-        self.start = time.perf_counter()
+        self.start = (time.perf_counter(), time.process_time())
 
   timer = Timer()
-  config, image = ic.configs(**fields)
-  engine.run(ic.ImageClassification(image, seed=config.randomness.seed), config,
-             hooks=[timer])
-  return timer.examples / (timer.stop - timer.start)
+  engine.run(task, config, hooks=[timer])
+  return (timer.examples, timer.stop[0] - timer.start[0],
+          timer.stop[1] - timer.start[1])

@@ -31,6 +31,7 @@ import dataclasses
 import inspect
 import signal
 import sys
+import traceback
 from typing import Callable, List, Optional, Tuple, Union
 
 from absl import app
@@ -159,9 +160,15 @@ def parse_flags(argv):
     fail(str(e).removeprefix("ERROR:: ").strip(), ExitCode.BAD_INPUT)
 
 
-def fail(message: str, code: int = ExitCode.BAD_INPUT):
+def say_error(message: str) -> None:
+  """The engine's form of a failure: one `error:` line on stderr."""
   logging.flush()
   print(f"error: {message}", file=sys.stderr, flush=True)
+
+
+def fail(message: str, code: int = ExitCode.BAD_INPUT):
+  """Says the error and exits (before TensorFlow is loaded)."""
+  say_error(message)
   sys.exit(code)
 
 
@@ -193,14 +200,32 @@ def main(make_task: MakeTask, argv, *, callbacks=()) -> None:
   onednn.turn_off_for(config)
   # Imported only now: a bad flag is refused without loading TensorFlow, and
   # the engine's environment defaults (engine/__init__.py) are already set.
+  from engine import ending  # pylint: disable=g-import-not-at-top
+  from engine.distribute import cluster  # pylint: disable=g-import-not-at-top
+  code, agreed, config = _train(make_task, config, callbacks)
+  if agreed:  # every worker ends this way: leave together (cluster.py)
+    cluster.meet_peers(config.distribution.collective_timeout)
+  # Everything is written: exit now, without TensorFlow's teardown, which can
+  # wait a minute for tf.data's threads (engine/ending.py).
+  ending.end(code)
+
+
+def _train(make_task: MakeTask, config, callbacks):
+  """Trains; returns (exit code, whether every worker ends with it alike,
+  the config the task ran with).
+
+  Every outcome but an unexpected error is one line on stderr (README's
+  exit codes). "Alike": done, preempted, stopped for a resource and
+  diverged are agreed by all workers at the same step; a lost peer, bad
+  input or an out-of-memory step are one worker's own.
+  """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from engine.core.run import run as run_task  # pylint: disable=g-import-not-at-top
   from engine.distribute import cluster  # pylint: disable=g-import-not-at-top
   from engine.host import cpus  # pylint: disable=g-import-not-at-top
   try:
     # SIGTERM before the first step (from then on engine/core/preemption.py
-    # only notes it, to save at an agreed step) exits through SystemExit, so
-    # atexit clean-up (a non-chief's temporary directory) still runs.
+    # only notes it, to save at an agreed step) exits with 128 + 15.
     signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(128 + signum))
     # Logical devices must exist before TensorFlow runs any op.
     cpus.configure_host(config)
@@ -208,28 +233,41 @@ def main(make_task: MakeTask, argv, *, callbacks=()) -> None:
     task, config = made if isinstance(made, tuple) else (made, config)
     run_task(task, config, callbacks=(callbacks(config) if callable(callbacks)
                                       else callbacks))
+    return ExitCode.DONE, True, config
   except Preempted as e:
     logging.flush()
-    print(f"preempted: {e}", file=sys.stderr)
-    sys.exit(e.exit_code)
+    print(f"preempted: {e}", file=sys.stderr, flush=True)
+    return e.exit_code, True, config
+  except ResourceStop as e:
+    say_error(str(e))
+    return e.exit_code, True, config
   except Diverged as e:
-    fail(f"training diverged: {e}; the latest checkpoint in "
-         f"{config.checkpoints.model_dir}/checkpoints holds the last finite "
-         "weights. Lower --learning_rate.", e.exit_code)
-  except (ConfigError, ClusterError, ResourceStop) as e:
+    say_error(f"training diverged: {e}; the latest checkpoint in "
+              f"{config.checkpoints.model_dir}/checkpoints holds the last "
+              "finite weights. Lower --learning_rate.")
+    return e.exit_code, True, config
+  except (ConfigError, ClusterError) as e:
     # ClusterError: a lost peer or a stuck collective, named by
     # engine/distribute/hang.py.
-    fail(str(e), e.exit_code)
+    say_error(str(e))
+    return e.exit_code, False, config
   except (MemoryError, tf.errors.ResourceExhaustedError) as e:
     # Raised inside a step, whose update may be half applied: no new
     # checkpoint; a rerun resumes from the latest one.
     text = str(e).strip().splitlines()
-    fail(f"out of memory ({type(e).__name__}: "
-         f"{text[-1] if text else 'no details'}); the latest checkpoint in "
-         f"{config.checkpoints.model_dir}/checkpoints is intact. Lower "
-         "--batch_size_per_replica or free memory.", ExitCode.RESOURCE)
+    say_error(f"out of memory ({type(e).__name__}: "
+              f"{text[-1] if text else 'no details'}); the latest checkpoint "
+              f"in {config.checkpoints.model_dir}/checkpoints is intact. "
+              "Lower --batch_size_per_replica or free memory.")
+    return ExitCode.RESOURCE, False, config
   except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
           tf.errors.CancelledError, tf.errors.AbortedError) as e:
     # A collective failed: a peer died or hung. One line, non-zero exit.
-    fail(cluster.failure_line(e, config.distribution.collective_timeout),
-         ExitCode.CLUSTER)
+    say_error(cluster.failure_line(e, config.distribution.collective_timeout))
+    return ExitCode.CLUSTER, False, config
+  except SystemExit as e:  # the SIGTERM above, before the first step
+    return e.code if isinstance(e.code, int) else ExitCode.FAILED, False, config
+  except Exception:  # pylint: disable=broad-except
+    # Not one of the documented outcomes: the traceback, as Python prints it.
+    traceback.print_exc()
+    return ExitCode.FAILED, False, config

@@ -17,7 +17,7 @@ the combinations across sections.
 import dataclasses
 import os
 import re
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Tuple, Union
 
 from engine.errors import ConfigError, flag_error
 from engine.options import check_options, option
@@ -272,15 +272,25 @@ def _check_schedule(opt: "OptimizationConfig") -> None:
 @dataclasses.dataclass(frozen=True)
 class LoopConfig:
   """How long to train and how steps are grouped into host calls
-  (engine/core/host_loop.py)."""
+  (engine/core/host_loop.py, engine/core/pace.py)."""
   epochs: int = option(5, "Epochs to train.", at_least=0)
   train_steps: int = option(0, "Steps to train; 0 = run --epochs epochs.",
                             at_least=0)
-  steps_per_loop: int = option(
-      10, "Steps per host call (one compiled tf.range loop).", above=0)
+  steps_per_loop: Union[int, str] = option(
+      "auto", "Steps per host call (one compiled tf.range loop), or auto: "
+      "about one call a second, measured as it runs (every worker takes the "
+      "chief's choice).")
 
   def __post_init__(self):
     check_options(self)
+    loop = self.steps_per_loop
+    if isinstance(loop, str) and loop.strip().isdigit():  # from the flag
+      loop = int(loop)
+      object.__setattr__(self, "steps_per_loop", loop)
+    if loop != "auto" and not (isinstance(loop, int) and
+                               not isinstance(loop, bool) and loop > 0):
+      raise flag_error("steps_per_loop", loop, "must be a positive integer "
+                       "or auto (about one host call a second).")
     if self.epochs == 0 and self.train_steps == 0:
       raise flag_error("epochs", 0, "must be positive when --train_steps=0; "
                        "set one of them")
@@ -336,8 +346,9 @@ class CheckpointConfig:
       0, "Save a checkpoint every N steps (0: only at the end).", at_least=0)
   keep_checkpoints: int = option(5, "Checkpoints to keep.", above=0)
   allow_resume_change: bool = option(
-      False, "Resume even if the replica count or global batch differs from "
-      "the checkpointed run.")
+      False, "Resume even where the results would change: another global "
+      "batch, or --shard_files with another worker count (another replica or "
+      "worker count alone resumes without it).")
   preemption_sync: bool = option(
       True, "After every host call, agree with all workers whether one got "
       "SIGTERM/SIGINT, so all save at the same step. Turn off only to "

@@ -11,6 +11,7 @@ tests/test_reference.py fails when a generated file is stale.
 import dataclasses
 import os
 import sys
+import typing
 
 from engine import config as config_lib
 from engine import errors, options
@@ -27,6 +28,9 @@ def _type(field: dataclasses.Field) -> str:
     return f"list of {kind.__name__}"
   if field.metadata["choices"]:
     return " \\| ".join(field.metadata["choices"])
+  if typing.get_origin(field.type) is typing.Union:  # --steps_per_loop
+    return " or ".join("int, > 0" if t is int else "auto"
+                       for t in typing.get_args(field.type))
   default = field.default
   name = type(default).__name__ if default is not None else "str"
   bounds = options.bounds_text(field)

@@ -15,8 +15,10 @@ from engine.errors import ConfigError
 
 
 def test_interrupted_and_resumed_equals_uninterrupted(tmp_path):
+  # Partial batches too; host calls of --steps_per_loop=auto (the default),
+  # whose lengths differ between the runs.
   kw = dict(cpu_devices=2, optimizer="adam", learning_rate=0.01,
-            synthetic_examples=40, steps_per_loop=4)  # partial batches too
+            synthetic_examples=40, steps_per_loop="auto")
   whole = run_job(tiny_config(train_steps=12,
                                   model_dir=str(tmp_path / "whole"), **kw))
   part_dir = str(tmp_path / "parts")
@@ -31,19 +33,53 @@ def test_interrupted_and_resumed_equals_uninterrupted(tmp_path):
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
 
 
-def test_resume_with_other_replica_count_is_refused(tmp_path):
+def test_resume_with_another_global_batch_is_refused(tmp_path):
+  """Another replica count with the same global batch resumes as it is
+  (tests/test_multi_worker.py and test_partial_batch.py check that it trains
+  on exactly); another global batch is refused with its reason, unless
+  --allow_resume_change."""
   run_job(tiny_config(cpu_devices=2, train_steps=2,
                           model_dir=str(tmp_path)))
-  with pytest.raises(ConfigError, match="num_replicas=2, this run has 4"):
-    run_job(tiny_config(cpu_devices=4, batch_size_per_replica=4,
-                            train_steps=4, model_dir=str(tmp_path)))
-  with pytest.raises(ConfigError, match="global_batch_size=16, this run has"):
+  with pytest.raises(ConfigError) as e:
     run_job(tiny_config(cpu_devices=2, batch_size_per_replica=4,
-                            train_steps=4, model_dir=str(tmp_path)))
-  ok = run_job(tiny_config(cpu_devices=4, batch_size_per_replica=4,
-                               train_steps=4, allow_resume_change=True,
-                               model_dir=str(tmp_path)))
+                        train_steps=4, model_dir=str(tmp_path)))
+  assert str(e.value) == (
+      f"--model_dir={tmp_path}: was trained with a global batch of 16, this "
+      "run has 8: the step, the position in the data and the learning-rate "
+      "schedule all count global batches, so resuming would train other "
+      "examples at other rates. Resume with a global batch of 16 (any "
+      "number of replicas or workers), or pass --allow_resume_change to "
+      "accept that.")
+  ok = run_job(tiny_config(cpu_devices=4, batch_size_per_replica=2,
+                           train_steps=4, allow_resume_change=True,
+                           model_dir=str(tmp_path)))
   assert ok.summary["start_step"] == 2 and ok.summary["global_step"] == 4
+  assert ok.summary["global_batch_size"] == 8
+
+
+@pytest.mark.parametrize("saved,now,refused", [
+    # The default reader: any worker count, the same global batch.
+    ((2, 2, 16, False), (1, 1, 16, False), False),
+    ((1, 1, 16, False), (4, 4, 16, False), False),
+    ((2, 2, 16, None), (3, 3, 16, False), False),  # an older run.json
+    ((2, 2, 16, False), (2, 2, 8, False), True),
+    # --shard_files: each worker reads its own files.
+    ((2, 2, 16, True), (2, 2, 16, True), False),
+    ((2, 2, 16, True), (4, 2, 16, True), False),  # 2 replicas per worker
+    ((2, 2, 16, True), (1, 1, 16, True), True),
+    ((2, 2, 16, False), (2, 2, 16, True), True),
+])
+def test_which_resumes_change_the_results(saved, now, refused):
+  def identity(replicas, workers, batch, shard_files):
+    out = checkpoint.run_identity({"task": "t"}, replicas, batch, workers,
+                                  bool(shard_files))
+    if shard_files is None:  # written before num_workers and shard_files
+      del out["num_workers"], out["shard_files"]
+    return out
+  change = checkpoint.resume_change(identity(*saved), identity(*now))
+  assert bool(change) is refused, change
+  if change and (saved[3] or now[3]):
+    assert "with --shard_files each worker reads its own files" in change
 
 
 def test_foreign_or_unreadable_checkpoint_is_refused(tmp_path):

@@ -155,7 +155,7 @@ def test_float16_overflow_step_is_skipped_and_recovers():
   norm = names.index("grad_norm")
   before = [v.numpy() for v in model.trainable_variables + optimizer.variables]
   optimizer.dynamic_scale.assign(2.0 ** 40)  # scaled logits' grads > 65504
-  rows = loop(iterator, tf.constant(1), tf.constant(0.0))[0].numpy()
+  rows = loop(iterator, tf.constant(1), tf.constant([0.0, 0.0]))[0].numpy()
   after = [v.numpy() for v in model.trainable_variables + optimizer.variables]
   assert int(optimizer.iterations.numpy()) == 0
   assert float(optimizer.dynamic_scale.numpy()) == 2.0 ** 39
@@ -166,7 +166,7 @@ def test_float16_overflow_step_is_skipped_and_recovers():
           for i in changed] == [optimizer.dynamic_scale.path]
   assert np.isfinite(rows[0, 0]) and rows[0, norm] == 0.0  # nothing applied
   optimizer.dynamic_scale.assign(2.0 ** 8)
-  rows = loop(iterator, tf.constant(3), tf.constant(0.0))[0].numpy()
+  rows = loop(iterator, tf.constant(3), tf.constant([0.0, 0.0]))[0].numpy()
   assert int(optimizer.iterations.numpy()) == 3
   assert np.isfinite(rows).all() and (rows[:, norm] > 0).all()
   assert max_diff([v.numpy() for v in model.trainable_variables],

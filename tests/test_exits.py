@@ -143,6 +143,7 @@ def test_a_killed_peer_ends_the_run_with_exit_3(tmp_path, phase):
   text = logs[0].read_text()
   assert code == 3, text[-3000:]
   assert "Traceback" not in text, text[-3000:]
+  assert "terminate called" not in text, text[-3000:]  # engine/ending.py
   errors = [l for l in text.splitlines() if l.startswith("error: ")]
   assert len(errors) == 1, text[-3000:]
   assert errors[0].startswith(f"error: lost task worker:1 (127.0.0.1:"

@@ -3,13 +3,18 @@
 Destroying a tf.data iterator can wait up to a minute for tf.data's
 autotuning thread (measured: 74 s between `Done:` and the exit of a run
 pinned to one core); a run hands its iterators to another thread, so
-`engine.run` returns at once, and the process's exit joins those threads
-(one abandoned inside TensorFlow aborted multi-worker processes at exit).
+`engine.run` returns at once, and an ordinary process exit joins those
+threads (one abandoned inside TensorFlow aborted multi-worker processes at
+exit). The command line instead ends with `engine.ending.end`: flushed,
+cleaned up, `os._exit` (tests/test_partial_batch.py times a 2-worker
+launch's exit; tests/test_exits.py its codes).
 """
+import subprocess
+import sys
 import threading
 import time
 
-from conftest import run_job, tiny_config
+from conftest import ROOT, run_job, tiny_config
 
 
 class _Witness:
@@ -72,3 +77,26 @@ def test_a_run_hands_its_training_and_eval_iterators_over(monkeypatch,
   # a live distributed iterator when it is handed over.
   assert sorted(dropped) == [("Evaluator", "_iterator", "DistributedIterator"),
                              ("_State", "iterator", "DistributedIterator")]
+
+
+def test_the_command_line_ends_without_waiting_at_exit(tmp_path):
+  """`ending.end(code)`: buffered output and the engine's clean-ups come
+  first; atexit handlers (where the iterator threads are joined) never run,
+  so a handler that would wait 60 s costs nothing. No TensorFlow here."""
+  script = tmp_path / "end.py"
+  script.write_text(
+      "import atexit, shutil, sys, time\n"
+      "from engine import ending\n"
+      f"ending.at_exit(shutil.rmtree, {str(tmp_path / 'scratch')!r})\n"
+      "atexit.register(time.sleep, 60)\n"
+      "sys.stdout.write('written before the exit')\n"
+      "ending.end(75)\n")
+  (tmp_path / "scratch").mkdir()
+  start = time.monotonic()
+  out = subprocess.run([sys.executable, str(script)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=30,
+                       env={"PYTHONPATH": ROOT, "PATH": "/usr/bin:/bin"})
+  assert time.monotonic() - start < 20
+  assert out.returncode == 75, out.stderr
+  assert out.stdout == "written before the exit"
+  assert not (tmp_path / "scratch").exists()

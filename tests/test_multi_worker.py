@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -65,11 +66,36 @@ def start_from_checkpoint(model_dir, to_dir, step):
             f'all_model_checkpoint_paths: "ckpt-{step}"\n')
 
 
-def launch(flags, timeout=150, num_workers=2):
-  return subprocess.run(
-      [sys.executable, "-m", "engine.launch", f"--num_workers={num_workers}",
-       "--", *flags], cwd=ROOT, env=ENV, capture_output=True, text=True,
-      timeout=timeout, check=False)
+def launch(flags, timeout=150, num_workers=2, cpu_pinning=False):
+  """Runs the launcher; its CompletedProcess, plus `done_to_exit`: seconds
+  from the last `Done:` line a worker printed to the launcher's exit (every
+  worker ended), None without one."""
+  cmd = [sys.executable, "-m", "engine.launch", f"--num_workers={num_workers}",
+         *(["--cpu_pinning"] if cpu_pinning else []), "--", *flags]
+  proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True,
+                          start_new_session=True)
+  out, err, done_at = [], [], []
+
+  def read(stream, lines):
+    for line in stream:
+      lines.append(line)
+      if "] Done: " in line:
+        done_at.append(time.monotonic())
+  readers = [threading.Thread(target=read, args=a, daemon=True)
+             for a in ((proc.stdout, out), (proc.stderr, err))]
+  for r in readers:
+    r.start()
+  try:
+    code = proc.wait(timeout)
+  finally:
+    _kill([proc])
+  ended = time.monotonic()
+  for r in readers:
+    r.join(10)
+  result = subprocess.CompletedProcess(cmd, code, "".join(out), "".join(err))
+  result.done_to_exit = ended - done_at[-1] if done_at else None
+  return result
 
 
 def check_two_worker_run(out, model_dir, steps, global_batch, entries=(),
@@ -80,6 +106,10 @@ def check_two_worker_run(out, model_dir, steps, global_batch, entries=(),
   of the last step, one collective per step; returns summary.json."""
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   assert "launcher: all 2 workers succeeded." in out.stderr
+  # Each worker left at once after the last barrier (engine/ending.py):
+  # no abort in TensorFlow's teardown, no lost barrier answer.
+  for text in ("terminate called", "not every worker reached the end"):
+    assert text not in out.stdout + out.stderr
   assert "AutoShardPolicy" not in out.stdout  # the policy is explicit
   # Only the chief wrote model_dir (worker 1 only its trace, worker_1, with
   # --profile_steps); worker 1's temp dir is gone.
@@ -144,6 +174,33 @@ def test_two_workers_match_one_replica(tmp_path):
   diff = max(np.abs(got[f"arr_{k}"] - w).max()
              for k, w in enumerate(ref.weights))
   assert diff < 1e-5
+  _resume_on_other_counts(tmp_path)
+
+
+def _resume_on_other_counts(tmp_path):
+  """The 2-worker checkpoint of step STEPS resumes on 1 replica and on 4,
+  without --allow_resume_change (the global batch is the same), and trains
+  on as an uninterrupted one-replica run does (1 replica -> 2 workers is
+  tests/test_partial_batch.py's launch)."""
+  kw = dict(optimizer="adam", learning_rate=lr("adam"),
+            train_steps=2 * STEPS)
+  whole = run_job(tiny_config(strategy="one_device",
+                              batch_size_per_replica=GLOBAL_BATCH,
+                              model_dir=str(tmp_path / "whole"), **kw))
+  for replicas in (1, 4):
+    to = tmp_path / f"resumed_{replicas}"
+    start_from_checkpoint(tmp_path / "mw", to, STEPS)
+    devices = (dict(strategy="one_device") if replicas == 1 else
+               dict(strategy="mirrored", cpu_devices=replicas))
+    resumed = run_job(tiny_config(
+        batch_size_per_replica=GLOBAL_BATCH // replicas, model_dir=str(to),
+        **devices, **kw))
+    assert resumed.summary["start_step"] == STEPS
+    assert resumed.summary["num_replicas"] == replicas
+    np.testing.assert_allclose(resumed.losses, whole.losses[STEPS:],
+                               rtol=1e-5, atol=1e-5)
+    for got, want in zip(resumed.weights, whole.weights):
+      np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 def _check_profile(model_dir, seconds):

@@ -14,8 +14,10 @@ STEPS = 4
 
 def run(optimizer, replicas, cross_device_ops="auto", strategy="mirrored",
         **kw):
+  # Host calls of --steps_per_loop=auto, the default (engine/core/pace.py).
   config = tiny_config(
-      strategy=strategy, optimizer=optimizer, cpu_devices=replicas,
+      steps_per_loop="auto", strategy=strategy, optimizer=optimizer,
+      cpu_devices=replicas,
       cross_device_ops=cross_device_ops,
       learning_rate=0.05 if optimizer == "sgd" else 0.005,
       batch_size_per_replica=GLOBAL_BATCH // replicas, train_steps=STEPS,

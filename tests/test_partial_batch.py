@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import run_job, tiny_config, train_batches
+from conftest import read_scalars, run_job, tiny_config, train_batches
 from engine import models
 from engine.data import tfds_data, to_tfds
 from test_eval import keras_evaluate
-from test_multi_worker import check_two_worker_run, launch, tiny_flags
+from test_multi_worker import (check_two_worker_run, launch,
+                               start_from_checkpoint, tiny_flags)
 
 EXAMPLES, GLOBAL_BATCH, STEPS, LR = 37, 8, 10, 0.05
 CLASSES = ("cat", "dog", "fox")
@@ -32,8 +33,12 @@ def config_for(replicas, tmp_path, **kw):
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-  return run_job(config_for(0, tmp_path_factory.mktemp("one_device"),
-                                eval_split="train"))
+  # Its checkpoint of step 3 is where the 2-worker test resumes.
+  model_dir = tmp_path_factory.mktemp("one_device")
+  result = run_job(config_for(0, model_dir, eval_split="train",
+                              checkpoint_every=3))
+  result.model_dir = model_dir
+  return result
 
 
 def plain_loop(config):
@@ -83,18 +88,37 @@ def test_replicas_match_one_device_with_partial_batches(reference, tmp_path,
 def test_two_workers_match_one_device_with_partial_batches(reference,
                                                            tmp_path):
   """Also test_multi_worker's sgd/ring case of 2 workers matching one
-  replica (with --strategy=multi_worker given to the launcher, accepted)."""
+  replica (with --strategy=multi_worker given to the launcher, accepted),
+  with host calls of --steps_per_loop=auto (the chief's choice on both),
+  each worker pinned to a core of its own (--cpu_pinning), where tf.data's
+  threads once kept finished workers alive: the launcher must end within
+  5 s of the last `Done:` line (engine/ending.py).
+
+  The workers resume from the one-replica reference's checkpoint of step 3
+  (no flag needed: the global batch is the same) and train steps 4-10, the
+  partial batches of steps 5 and 10 among them, as the reference did.
+  """
   # Eval over 33 examples: the last batch holds 1, so one worker has none.
   eval_split = "train[:33]"
+  start_from_checkpoint(reference.model_dir, tmp_path / "mw", 3)
   out = launch(tiny_flags(
       optimizer="sgd", learning_rate=LR, synthetic_examples=EXAMPLES,
       batch_size_per_replica=GLOBAL_BATCH // 2, train_steps=STEPS,
-      steps_per_loop=4, model_dir=str(tmp_path / "mw"), cross_device_ops="ring",
-      weights_out="weights.npz") + [f"--eval_split={eval_split}",
-                                    "--eval_every=5",
-                                    "--strategy=multi_worker"], timeout=240)
+      steps_per_loop="auto", model_dir=str(tmp_path / "mw"),
+      cross_device_ops="ring", weights_out="weights.npz") + [
+          f"--eval_split={eval_split}", "--eval_every=5",
+          "--strategy=multi_worker", "--summary_every=1"], timeout=240,
+      cpu_pinning=True)
   summary = check_two_worker_run(out, tmp_path / "mw", STEPS, GLOBAL_BATCH,
                                  entries=["eval"])
+  assert summary["start_step"] == 3
+  losses = read_scalars(tmp_path / "mw" / "train")["loss"]
+  assert sorted(losses) == list(range(4, STEPS + 1))
+  np.testing.assert_allclose([losses[s] for s in range(4, STEPS + 1)],
+                             reference.losses[3:], rtol=1e-5, atol=1e-5)
+  assert out.done_to_exit is not None and out.done_to_exit < 5.0, (
+      out.done_to_exit)
+  assert summary["steps_per_loop_auto"] is True
   assert "AutoShardPolicy" not in out.stdout + out.stderr
   got = np.load(tmp_path / "mw" / "weights.npz")
   assert len(got.files) == len(reference.weights)

@@ -41,7 +41,9 @@ FLAGS = dict(optimizer="adam", learning_rate=lr("adam"), steps_per_loop=5,
     (dict(cpu_devices=4, cross_device_ops="ring"), 4)])
 def test_host_call_sums_every_replicas_vote(kw, replicas):
   """The votes ride in the loop's end-of-call all-reduce (on multi_worker;
-  here the same code sums the local replicas)."""
+  here the same code sums the local replicas), and so does the length of the
+  next host call that replica 0 (the chief's) proposes: every replica gets
+  that one, not a sum (engine/core/pace.py)."""
   job = tiny_config(**kw)
   config = job.config
   strategy = strategy_lib.make_strategy(config.distribution)
@@ -60,9 +62,11 @@ def test_host_call_sums_every_replicas_vote(kw, replicas):
       step.row_names(metrics), exchange_votes=True)
   iterator = iter(strategy.experimental_distribute_dataset(
       train_batches(job, 8 * replicas, with_rows=True)[0]))
-  for vote in (0.0, 1.0, 2.0 ** 16):
-    rows, votes = loop(iterator, tf.constant(2), tf.constant(vote))
-    assert rows.shape[0] == 2 and float(votes) == vote * replicas
+  for vote, proposal in ((0.0, 1.0), (1.0, 37.0), (2.0 ** 16, 100000.0)):
+    rows, votes = loop(iterator, tf.constant(2),
+                       tf.constant([vote, proposal]))
+    assert rows.shape[0] == 2
+    assert votes.numpy().tolist() == [vote * replicas, proposal]
 
 
 class _SignalAt(hooks.Hook):

@@ -32,7 +32,7 @@ def one_step_per_loop(tmp_path_factory):
                              **LOOP_KW))
 
 
-@pytest.mark.parametrize("steps_per_loop", [1, 4, 50])
+@pytest.mark.parametrize("steps_per_loop", [1, 4, 50, "auto"])
 def test_steps_per_loop_changes_nothing_and_never_retraces(
     one_step_per_loop, tmp_path, steps_per_loop):
   one = one_step_per_loop
@@ -43,6 +43,71 @@ def test_steps_per_loop_changes_nothing_and_never_retraces(
     np.testing.assert_array_equal(a, b)
   # Host calls of 1 and of steps_per_loop steps share one trace.
   assert many.traces == 1 and one.traces == 1
+  assert many.summary["steps_per_loop_auto"] is (steps_per_loop == "auto")
+  if steps_per_loop != "auto":
+    assert many.summary["steps_per_loop"] == steps_per_loop
+
+
+def test_pace_aims_at_a_host_call_a_second():
+  from engine.core import pace  # pylint: disable=g-import-not-at-top
+  fixed = pace.Pace(7)
+  fixed.timed(7, 100.0)
+  fixed.agreed(3)  # an explicit number is kept, whatever is measured
+  assert (fixed.steps, fixed.proposal(), fixed.calls) == (7, 7, 1)
+  auto = pace.Pace("auto")
+  assert auto.steps == 1 and auto.proposal() == 1
+  auto.timed(1, 0.004)  # overhead included: proposes 250, not more
+  assert auto.proposal() == 250
+  # The last 4 calls' steps over their seconds: (1 + 249) / 0.5 s.
+  auto.timed(249, 0.496)
+  assert auto.proposal() == 500
+  auto.timed(500, 1.5)  # 250 / s alone, 375 / s over the window: kept
+  assert auto.proposal() == 500
+  auto.timed(500, 4.0)  # slower: 1250 steps in 6 s
+  assert auto.proposal() == 208
+  assert auto.steps == 1  # only the agreed value (the chief's) is used
+  auto.agreed(208.0)
+  assert auto.steps == 208 and auto.calls == 1
+  fast = pace.Pace("auto")
+  fast.timed(1, 1e-9)
+  assert fast.proposal() == pace.MAX_STEPS
+
+
+def _dense_task(examples=4096):
+  """A small model: one Dense layer on 8 features (a fast step)."""
+  import keras  # pylint: disable=g-import-not-at-top
+  import engine  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(examples, 8)).astype(np.float32)
+  y = x.sum(axis=1).astype(np.float32)
+  return engine.Task(
+      model=lambda: keras.Sequential([keras.Input((8,)),
+                                      keras.layers.Dense(1)]),
+      inputs=lambda split, context: tf.data.Dataset.from_tensor_slices(
+          (x, y[:, None])) if split == "train" else None,
+      loss=keras.losses.MeanSquaredError(reduction=None), name="dense")
+
+
+def test_auto_host_calls_are_longer_for_a_small_model(monkeypatch, tmp_path):
+  """`auto` runs more steps per host call for a fast step than for a slow
+  one (the target shortened to 0.2 s so that the runs are short); both
+  report the length they chose."""
+  import engine  # pylint: disable=g-import-not-at-top
+  from engine.core import pace  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(pace, "TARGET_SECONDS", 0.2)
+  fast = engine.run(_dense_task(), tiny_config(
+      cpu_devices=1, train_steps=1500, steps_per_loop="auto", log_every=1500,
+      model_dir=str(tmp_path / "fast")).config)
+  slow = run_job(tiny_config(
+      cpu_devices=1, image_size=96, batch_size_per_replica=32,
+      train_steps=30, steps_per_loop="auto", log_every=30,
+      model_dir=str(tmp_path / "slow")))
+  chosen = [r.summary["steps_per_loop"] for r in (fast, slow)]
+  assert all(r.summary["steps_per_loop_auto"] for r in (fast, slow))
+  # About 0.2 s per call: measured ~1 ms vs ~50 ms a step here, so the
+  # lengths differ by far more than the factor asked.
+  assert chosen[0] > 4 * chosen[1], chosen
+  assert fast.summary["host_calls"] < 40 and slow.summary["host_calls"] > 5
 
 
 def test_epochs_set_the_step_count_with_a_partial_last_batch(tmp_path):

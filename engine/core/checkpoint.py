@@ -6,7 +6,18 @@ and the --keep_best comparison ("best"); nothing else: the input pipelines
 are pure functions of the seed and the step (engine/core/inputs.py's
 `TrainData.distribute(strategy, start_step)`), so the data position is the
 global step. Next to the checkpoints, `run.json` records what the run was
-(model, data, replicas, global batch); a resume that differs is refused.
+(model, data, replicas, workers, global batch); a resume of another task
+description is refused.
+
+Another number of replicas or workers resumes as it is when the global batch
+is unchanged: the global batches, their order and each row's randomness do
+not depend on how many replicas share them (engine/core/inputs.py), so the
+resumed run trains as an uninterrupted run on either count would. Refused
+unless --allow_resume_change, each with its reason: another global batch
+(the step, the data position and the learning-rate schedule all count
+global batches), and --shard_files with another worker count or turned on
+or off (each worker then reads its own files, so the order depends on the
+worker count).
 
 TensorFlow writes each checkpoint under a temporary name and only then
 atomically rewrites the `checkpoint` index file, so a process killed while
@@ -21,13 +32,43 @@ import tensorflow as tf
 from engine.hooks import Hook, every
 from engine.errors import ExitCode, Preempted, ResourceStop, flag_error
 
-_SHAPE_KEYS = ("num_replicas", "global_batch_size")
+# run.json keys that describe how the run was spread, not what it is.
+_SHAPE_KEYS = ("num_replicas", "num_workers", "global_batch_size",
+               "shard_files")
 
 
-def run_identity(described: dict, replicas: int, global_batch: int) -> dict:
+def run_identity(described: dict, replicas: int, global_batch: int,
+                 workers: int = 1, shard_files: bool = False) -> dict:
   """What a run is (the task's own description) and its shape."""
-  return {**described, "num_replicas": replicas,
-          "global_batch_size": global_batch}
+  return {**described, "num_replicas": replicas, "num_workers": workers,
+          "global_batch_size": global_batch, "shard_files": shard_files}
+
+
+def resume_change(saved: dict, identity: dict):
+  """Why resuming `saved` as `identity` would change the results, or None.
+
+  A run.json from an earlier engine version lacks num_workers and
+  shard_files: such a run had no --shard_files (or recorded the workers).
+  """
+  before, now = saved.get("global_batch_size"), identity["global_batch_size"]
+  if before != now:
+    return (f"was trained with a global batch of {before}, this run has "
+            f"{now}: the step, the position in the data and the learning-"
+            "rate schedule all count global batches, so resuming would train "
+            f"other examples at other rates. Resume with a global batch of "
+            f"{before} (any number of replicas or workers), or pass "
+            "--allow_resume_change to accept that.")
+  sharded = (bool(saved.get("shard_files")), identity["shard_files"])
+  workers = (saved.get("num_workers"), identity["num_workers"])
+  if sharded[0] != sharded[1] or (any(sharded) and workers[0] != workers[1]):
+    return (f"was trained {'with' if sharded[0] else 'without'} "
+            f"--shard_files on {workers[0]} worker(s), this run is "
+            f"{'with' if sharded[1] else 'without'} it on {workers[1]}: with "
+            "--shard_files each worker reads its own files, so the order of "
+            "the examples depends on the number of workers. Resume as the "
+            "run was, or pass --allow_resume_change to accept another "
+            "order.")
+  return None
 
 
 class Checkpointer:
@@ -39,7 +80,8 @@ class Checkpointer:
     model, optimizer: what a checkpoint holds.
     model_dir: --model_dir, named in errors.
     keep: checkpoints kept (--keep_checkpoints).
-    allow_resume_change: resume with another replica count or batch.
+    allow_resume_change: resume even where the results would change
+      (`resume_change`).
     extras: more trackables by key: "ema" (required in a checkpoint it
       resumes from) and "best" (optional: a run that starts keeping the
       best starts its comparison afresh).
@@ -87,14 +129,18 @@ class Checkpointer:
             "model_dir", self._model_dir,
             f"holds a checkpoint of another run ({key}={saved.get(key)!r}, "
             f"this run has {identity[key]!r}); use a new --model_dir.")
-    if not self._allow_change:
-      for key in _SHAPE_KEYS:
-        if saved.get(key) != identity[key]:
-          raise flag_error(
-              "model_dir", self._model_dir,
-              f"was trained with {key}={saved.get(key)}, this run has "
-              f"{identity[key]}; resuming would change the results. Pass "
-              "--allow_resume_change if you mean it.")
+    change = resume_change(saved, identity)
+    if change and not self._allow_change:
+      raise flag_error("model_dir", self._model_dir, change)
+    if not change and any(saved.get(k) != identity[k] for k in (
+        "num_replicas", "num_workers") if k in saved):
+      logging.info(
+          "Resuming a run of %s replica(s) on %s worker(s) with %d replica(s) "
+          "on %d worker(s): the global batch (%d) and its order are "
+          "unchanged, so it trains on as an uninterrupted run would.",
+          saved.get("num_replicas"), saved.get("num_workers", "?"),
+          identity["num_replicas"], identity["num_workers"],
+          identity["global_batch_size"])
     try:
       restore(latest, self._core, self._extras, optional=("best",))
     except (tf.errors.OpError, AssertionError, ValueError) as e:

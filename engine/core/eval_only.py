@@ -114,6 +114,7 @@ def evaluate_checkpoint(task: Task, config: Config, setup: Setup,
       task, config, setup, checkpoint=path, global_step=global_step,
       ema=averages is not None, results=results)
   summary_lib.write(setup.output_dir, summary_lib.EVALUATION_FILE, summary)
+  summary_lib.announce(summary)
   weights = [np.array(v.numpy()) for v in model.trainable_variables]
   return (summary, {}, weights, evaluator.traces, model,
           averages and averages.values())

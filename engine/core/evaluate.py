@@ -63,26 +63,30 @@ def make_eval_loop(strategy: tf.distribute.Strategy, eval_step, width: int,
     per_replica = strategy.run(eval_step, args=(features, labels))
     return totals + strategy.reduce(_SUM, per_replica, axis=None)
 
-  @tf.function
+  # Control flow written out and traced without AutoGraph, as the train loop
+  # (engine/core/step.py's `make_train_loop` says why).
+  @tf.function(autograph=False)
   def to_the_end(iterator, batches):
-    totals = tf.zeros([width], tf.float32)
-    for _ in tf.range(batches):
+    def one(i, more, totals):
       # The pass ends on every worker at the same batch: on multi_worker
       # `has_value` is all-reduced over the workers, and one that has run
       # out gets an empty batch meanwhile, so no worker waits for a
       # collective its peers never join.
       optional = iterator.get_next_as_optional()
-      if not optional.has_value():
-        break
-      totals = add(totals, *optional.get_value())
-    return totals
+      more = optional.has_value()
+      return i + 1, more, tf.cond(
+          more, lambda: add(totals, *optional.get_value()), lambda: totals)
+    return tf.while_loop(
+        lambda i, more, _: tf.logical_and(more, i < batches), one,
+        (tf.constant(0), tf.constant(True),
+         tf.zeros([width], tf.float32)))[2]
 
-  @tf.function
+  @tf.function(autograph=False)
   def exactly(iterator, batches):
-    totals = tf.zeros([width], tf.float32)
-    for _ in tf.range(batches):
-      totals = add(totals, *next(iterator))
-    return totals
+    return tf.while_loop(
+        lambda i, _: i < batches,
+        lambda i, totals: (i + 1, add(totals, *next(iterator))),
+        (tf.constant(0), tf.zeros([width], tf.float32)))[1]
 
   return to_the_end if until_end else exactly
 

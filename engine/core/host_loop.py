@@ -17,12 +17,13 @@ from engine.hooks import Rows
 from engine.errors import ConfigError, Diverged
 
 
-def train(state, steps_per_loop: int, hook_list, watch, stop):
+def train(state, pace, hook_list, watch, stop):
   """Calls the compiled loop until the last step, handing each call to hooks.
 
   The first call runs a single step: it includes tracing, so it is left out of
-  the steady-state throughput. Later calls run `steps_per_loop` steps, ended
-  early where a hook needs control at an exact step.
+  the steady-state throughput. Later calls run `pace.steps` steps
+  (engine/core/pace.py), ended early where a hook needs control at an exact
+  step.
 
   A hook's `stop_reason`, or a vote to finish the host call carried
   (engine/core/preemption.py), ends the loop early on every worker alike.
@@ -39,16 +40,25 @@ def train(state, steps_per_loop: int, hook_list, watch, stop):
   for h in hook_list:
     h.begin(done)
   while done < state.total_steps:
-    end = min([state.total_steps, done + steps_per_loop] +
+    first = done == state.start_step
+    end = min([state.total_steps, done + (1 if first else pace.steps)] +
               [h.next_stop(done) for h in hook_list])
-    n = 1 if done == state.start_step else int(end - done)
-    vote = stop.vote()
+    n = int(end - done)
+    vote = [stop.vote(), float(pace.proposal())]
     start = time.perf_counter()
     with watch("train", n):
-      out, votes = _host_call(state, n, vote, first=done == state.start_step)
+      out, votes, proposed = _host_call(state, n, vote, first=first)
     seconds = time.perf_counter() - start
+    if not first:
+      pace.timed(n, seconds)
+    before = pace.steps
+    pace.agreed(proposed)  # the next call's length, the same on every worker
+    if pace.steps != before:
+      logging.info("--steps_per_loop=auto: host calls of %d steps from step "
+                   "%d (the last call: %d steps in %.3f s).", pace.steps,
+                   done + n, n, seconds)
     rows = Rows(state.names, out, votes)
-    if done > state.start_step:
+    if not first:
       steady_examples += float(rows["examples"].sum())
       steady_seconds += seconds
     # NaN guard: raised before any hook, so no non-finite weights are saved.
@@ -98,8 +108,9 @@ class _History:
     return self._rows[:self._size]
 
 
-def _host_call(state, n: int, vote: float, first: bool):
-  """One call of the compiled loop: ([n, columns], summed votes) on the host.
+def _host_call(state, n: int, vote, first: bool):
+  """One call of the compiled loop: ([n, columns], summed stop votes, the
+  agreed length of the next call) on the host.
 
   The first call traces the step. A task mistake that only shows when the
   step runs (a label outside the model's classes, say) fails there, and is
@@ -108,7 +119,8 @@ def _host_call(state, n: int, vote: float, first: bool):
   try:
     rows, votes = state.train_loop(state.iterator, tf.constant(n, tf.int32),
                                    tf.constant(vote, tf.float32))
-    return rows.numpy(), float(votes)
+    stop_votes, proposed = votes.numpy()
+    return rows.numpy(), float(stop_votes), float(proposed)
   except tf.errors.InvalidArgumentError as e:
     refused = inputs.input_error(e)
     if refused is not None:  # e.g. --strict_images met a corrupt image

@@ -49,6 +49,8 @@ from engine.errors import ConfigError, flag_error
 from engine.task import Task
 
 _DATA = tf.data.experimental.AutoShardPolicy.DATA
+# Batches each pipeline prepares ahead of the step (see `_finish`).
+_PREFETCH = 2
 # Per-epoch shuffle seeds: seed * _EPOCH_STRIDE + epoch never repeats.
 _EPOCH_STRIDE = 1_000_003
 
@@ -146,7 +148,8 @@ class TrainData:
     # A shuffle's seed pair is (TensorFlow's global seed, its own): both are
     # set here, so the order depends on --seed and the epoch only.
     tf.random.set_seed(global_seed)
-    ds = tf.data.Dataset.range(first_epoch, tf.int64.max).flat_map(epoch)
+    ds = tf.data.Dataset.range(first_epoch, tf.int64.max).flat_map(
+        _unconverted(epoch))
     return ds.skip(start_step - first_epoch * per_epoch)
 
   def worker_batches(self, context: tf.distribute.InputContext,
@@ -175,7 +178,7 @@ class TrainData:
     # Numbered before the split: each row carries the step that trains it
     # and its position in the global batch, for `augment_batch`.
     ds = self.global_items(start_step).enumerate(start=start_step).map(
-        _numbered)
+        _unconverted(_numbered))
     return _worker_pieces(
         _with_options(ds, _DATA), context,
         self._global_batch if self._data.drop_remainder else None)
@@ -188,7 +191,8 @@ class TrainData:
       prepared = prepare_rows(task, *batch, training=True, rows=rows)
       return prepared if with_rows else prepared[:2]
 
-    ds = pieces.map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
+    ds = pieces.map(_unconverted(prepare, task),
+                    num_parallel_calls=tf.data.AUTOTUNE)
     return _endless(_finish(ds, _DATA))
 
   def worker_items(self, context: tf.distribute.InputContext,
@@ -282,7 +286,8 @@ class EvalData:
     # Partial batches (the last one): never a static batch size.
     ds = _worker_pieces(_with_options(ds, self.policy), context, None)
     task = self._task
-    ds = ds.map(lambda f, l: prepare_rows(task, f, l, training=False),
+    ds = ds.map(_unconverted(
+        lambda f, l: prepare_rows(task, f, l, training=False), task),
                 num_parallel_calls=tf.data.AUTOTUNE)
     ds = _finish(ds, self.policy)
     return _endless(ds) if repeat else ds
@@ -342,6 +347,20 @@ def _worker_pieces(ds: tf.data.Dataset, context: tf.distribute.InputContext,
     ds = input_ops.auto_shard_dataset(ds, workers, context.input_pipeline_id,
                                       replicas)
   return ds
+
+
+def _unconverted(fn, task: Optional[Task] = None):
+  """`fn` for tf.data, marked for AutoGraph to leave alone, unless it calls a
+  task's own `preprocess_batch` or `augment_batch`, which tf.data converts
+  as it converts every map function. The engine's functions need no
+  conversion (no Python branch on a tensor), and AutoGraph's first use in a
+  process costs about half a second of a run's start (benchmarks/
+  RESULTS.md, "Start-up")."""
+  if task is not None and (
+      type(task).preprocess_batch is not Task.preprocess_batch or
+      type(task).augment_batch is not Task.augment_batch):
+    return fn
+  return tf.autograph.experimental.do_not_convert(fn)
 
 
 def _numbered(step, batch):
@@ -404,9 +423,14 @@ def _finish(ds: tf.data.Dataset, policy) -> tf.data.Dataset:
   """tf.data options, set once here for training and evaluation.
 
   The auto-shard policy is explicit so MultiWorkerMirroredStrategy neither
-  guesses nor warns. Parallel map calls and prefetching are AUTOTUNE.
+  guesses nor warns. Parallel map calls are AUTOTUNE; the prefetch buffer
+  holds _PREFETCH batches: with AUTOTUNE, tf.data's autotuner grew it on a
+  busy host until the process held about 100 MiB more, once, some 10
+  minutes into a run, and never gave it back (benchmarks/RESULTS.md, the
+  issue-30 soak); two batches let the next step's rows be made while a
+  step runs.
   """
-  return _with_options(ds, policy).prefetch(tf.data.AUTOTUNE)
+  return _with_options(ds, policy).prefetch(_PREFETCH)
 
 
 def _with_options(ds: tf.data.Dataset, policy) -> tf.data.Dataset:

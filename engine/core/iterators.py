@@ -11,11 +11,14 @@ with autotuning on, so no option of the engine's datasets avoids it.
 
 `drop_later(owner, name)` takes `owner.name` away from its owner and lets a
 thread drop the last reference, so that thread waits in the destructor and
-`engine.run` returns at once. The process still waits for those threads
-when it exits (an atexit handler joins them): a thread still inside
+`engine.run` returns at once. A process that ends the ordinary way waits
+for those threads (an atexit handler joins them): a thread still inside
 TensorFlow when the interpreter finalizes is torn down mid-call, and with
 MultiWorkerMirroredStrategy that aborted the process ("terminate called
 after throwing an instance of ''", exit -6) after its run had finished.
+The command line does not end that way: it exits with `os._exit` once
+everything is written (engine/ending.py), so neither the wait nor the
+teardown happens.
 """
 import atexit
 import threading

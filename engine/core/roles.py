@@ -5,7 +5,6 @@ Only the chief writes model_dir; every other worker writes the same files
 so every worker runs the same code (saving is collective-safe) and no two
 processes ever write one file.
 """
-import atexit
 import dataclasses
 import os
 import shutil
@@ -13,7 +12,7 @@ import tempfile
 
 import tensorflow as tf
 
-from engine import onednn
+from engine import ending, onednn
 from engine.config import Config
 from engine.distribute import strategy as strategy_lib
 from engine.errors import flag_error
@@ -45,7 +44,7 @@ def set_up(config: Config) -> Setup:
   output_dir = config.checkpoints.model_dir if chief else tempfile.mkdtemp(
       prefix="tfengine_worker_")
   if not chief:  # also on an error exit (not on SIGKILL)
-    atexit.register(shutil.rmtree, output_dir, ignore_errors=True)
+    ending.at_exit(shutil.rmtree, output_dir, ignore_errors=True)
   check_model_dir(output_dir)
   if chief and config.reporting.export and config.reporting.export_dir:
     check_model_dir(config.reporting.export_dir, "export_dir")

@@ -25,7 +25,7 @@ from engine.config import Config
 from engine.core import callbacks as callbacks_lib
 from engine.core import ema as ema_lib
 from engine.core import eval_only, host_loop, iterators, preemption, roles
-from engine.core import run_hooks
+from engine.core import pace, run_hooks
 from engine.core import summary as summary_lib
 from engine.core.roles import Setup
 from engine.core.state import State, build_state
@@ -113,13 +113,17 @@ def _train(task: Task, config: Config, setup: Setup, state: State,
     state.callbacks = callbacks
     hook_list = run_hooks.make_hooks(task, config, setup, state, watch, hooks,
                                      stop)
+    loop_pace = pace.Pace(config.loop.steps_per_loop)
     with hooks_lib.closing(hook_list):
       history, steady, stopped = host_loop.train(
-          state, config.loop.steps_per_loop, hook_list, watch, stop)
+          state, loop_pace, hook_list, watch, stop)
     cluster.stop_watchdog()  # the last collective is done; peers may exit
     summary = summary_lib.training(task, config, setup, state, history,
                                    steady)
     summary.update(stopped)
+    summary.update(steps_per_loop=loop_pace.steps,
+                   steps_per_loop_auto=loop_pace.auto,
+                   host_calls=loop_pace.calls)
     for h in hook_list:
       h.end(summary)
   return _finish(task, config, setup, state, summary, history)
@@ -169,11 +173,15 @@ def _finish(task, config, setup, state, summary, history) -> Result:
   if config.checkpoints.weights_out:
     np.savez(os.path.join(setup.output_dir, config.checkpoints.weights_out),
              *weights)
-  with ema_lib.swapped(state.ema):  # the export serves the averages
-    reporting.finish(config.reporting, task, state.model,
-                     state.data.features_spec, chief=setup.chief,
-                     output_dir=setup.output_dir)
+  if config.reporting.export:  # (the features' spec builds a pipeline)
+    with ema_lib.swapped(state.ema):  # the export serves the averages
+      reporting.finish(config.reporting, task, state.model,
+                       state.data.features_spec, chief=setup.chief,
+                       output_dir=setup.output_dir)
   roles.leave(setup)
+  # Last: once it is printed, everything is written (the command line exits
+  # right after it, engine/ending.py).
+  summary_lib.announce(summary)
   return Result(summary, history, weights,
                 state.train_loop.experimental_get_tracing_count(), state.model,
                 state.ema and state.ema.values())

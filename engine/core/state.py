@@ -131,7 +131,8 @@ def _restore(task, config, setup, model, optimizer, ema, best_state):
       model_dir=ckpt.model_dir, keep=ckpt.keep_checkpoints,
       allow_resume_change=ckpt.allow_resume_change, extras=extras)
   identity = checkpoint.run_identity(task.describe(), setup.replicas,
-                                     setup.global_batch)
+                                     setup.global_batch, setup.workers,
+                                     config.data.shard_files)
   init_weights.initialize(model, config.initialization, resuming=bool(
       tf.train.latest_checkpoint(os.path.join(ckpt.model_dir, "checkpoints"))))
   start_step = checkpointer.restore(identity)

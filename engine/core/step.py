@@ -129,7 +129,9 @@ def check_forward(task: Task, model, metrics, element_spec) -> None:
     return [checked_loss(task, labels, outputs)] + [
         checked_metric(task, name, fn, labels, outputs)
         for name, fn in metrics]
-  tf.function(loss_and_metrics).get_concrete_function(labels, outputs)
+  # Without AutoGraph, as the step calls them (see `make_train_loop`).
+  tf.function(loss_and_metrics, autograph=False).get_concrete_function(
+      labels, outputs)
 
 
 def make_replica_step(task: Task, model, optimizer, metrics, *,
@@ -292,7 +294,7 @@ def _forward_backward_fn(task: Task, model, variables, metrics,
     return [tf.convert_to_tensor(g) for g in grads], sums
 
   if jit_compile:
-    return tf.function(forward_backward, jit_compile=True)
+    return tf.function(forward_backward, jit_compile=True, autograph=False)
   return forward_backward
 
 
@@ -362,43 +364,62 @@ def make_train_loop(strategy: tf.distribute.Strategy, replica_step: Callable,
   fixed transport overhead and one more point where every worker waits for
   the slowest. The extra row carries each replica's stop vote (its host's
   SIGTERM/SIGINT or resource flag, engine/core/preemption.py) when
-  `exchange_votes`: the agreement to stop rides in the same all-reduce, so a
-  host call is one collective tf.function call (TensorFlow 2.21 keeps about
-  1.6 KB per such call; docs/design/host.md).
+  `exchange_votes`, and replica 0's proposal for the length of the next
+  host call (engine/core/pace.py; replica 0 is on the chief): the agreements
+  ride in the same all-reduce, so a host call is one collective tf.function
+  call (TensorFlow 2.21 keeps about 1.6 KB per such call; docs/design/host.md).
 
   Returns:
     train_loop(iterator, num_steps, vote) -> (float32 [num_steps,
     len(names)]: per step, the global means of `names` over the step's
     examples (the example count and gradient norm as they are); float32
-    scalar: the votes summed over all replicas, or `vote` itself without
-    `exchange_votes`). `num_steps` is a tensor and the loop is a `tf.range`,
-    so any step count reuses one trace.
+    [2]: the stop votes summed over all replicas (or this worker's own,
+    `vote[0]`, without `exchange_votes`) and replica 0's `vote[1]`).
+    `vote` is float32 [2]: this worker's stop vote and its proposed
+    length of the next call. `num_steps` is a tensor and the loop is a
+    `tf.while_loop`, so any step count reuses one trace.
+
+  The loop's control flow is written out (`tf.while_loop`, `tf.cond` in the
+  step) and traced without AutoGraph, as Keras traces `fit`'s step:
+  converting the engine's and the task's functions took seconds of a small
+  job's start-up (benchmarks/RESULTS.md, "Start-up"). The task's model,
+  loss and metrics run as traced Python, as under `fit`.
   """
   local_replicas = len(strategy.extended.worker_devices)
   width = len(names)
 
-  @tf.function
+  def one_step(iterator, i, rows):
+    # (features, labels, rows): engine/core/inputs.py
+    per_replica = strategy.run(replica_step, args=next(iterator))
+    return i + 1, [r.write(i, v) for r, v in
+                   zip(rows, strategy.experimental_local_results(per_replica))]
+
+  @tf.function(autograph=False)
   def train_loop(iterator, num_steps, vote):
     # One array per replica of this worker, written by that replica's step.
     rows = [tf.TensorArray(tf.float32, size=num_steps,
                            element_shape=[width])
             for _ in range(local_replicas)]
-    for i in tf.range(num_steps):
-      # One step at a time: overlapping iterations would let the replicas'
-      # collectives of two steps interleave and stall each other.
-      tf.autograph.experimental.set_loop_options(parallel_iterations=1)
-      # (features, labels, rows): engine/core/inputs.py
-      per_replica = strategy.run(replica_step, args=next(iterator))
-      rows = [r.write(i, v) for r, v in
-              zip(rows, strategy.experimental_local_results(per_replica))]
-    vote_row = tf.one_hot(0, width) * vote
-    stacked = [tf.concat([r.stack(), vote_row[None]], axis=0) for r in rows]
+    # One step at a time: overlapping iterations would let the replicas'
+    # collectives of two steps interleave and stall each other.
+    _, rows = tf.while_loop(
+        lambda i, _: i < num_steps,
+        lambda i, rows: one_step(iterator, i, rows),
+        (tf.constant(0), rows), parallel_iterations=1)
+    stacked = [r.stack() for r in rows]
+    # The extra row: [stop vote, proposal, 0, ...]; replica 0 alone adds
+    # its proposal, so the sum is its own.
+    extra = [tf.pad(vote * [1.0, 0.0], [[0, width - 2]])[None],
+             tf.pad(vote, [[0, width - 2]])[None]]
     # Replica ids run worker by worker, so a replica's local index is its id
     # modulo the local count; each replica hands in the rows it wrote.
     per_replica_rows = strategy.experimental_distribute_values_from_function(
-        lambda ctx: stacked[ctx.replica_id_in_sync_group % local_replicas])
+        lambda ctx: tf.concat([
+            stacked[ctx.replica_id_in_sync_group % local_replicas],
+            extra[int(ctx.replica_id_in_sync_group == 0)]], axis=0))
     sums = strategy.reduce(_SUM, per_replica_rows, axis=None)
-    votes = sums[-1, 0] if exchange_votes else vote
+    votes = tf.stack([sums[-1, 0] if exchange_votes else vote[0],
+                      sums[-1, 1]])
     return means(sums[:-1], names), votes
 
   return train_loop

@@ -55,7 +55,7 @@ def training(task: Task, config: Config, setup: Setup, state, history,
   """
   collectives = comm.collectives_per_step(
       state.train_loop.get_concrete_function(
-          state.iterator, tf.constant(1, tf.int32), tf.constant(0.0)),
+          state.iterator, tf.constant(1, tf.int32), tf.constant([0.0, 0.0])),
       len(setup.strategy.extended.worker_devices))
   loss = history["loss"]
   last = lambda a: float(a[-1]) if len(a) else None
@@ -105,7 +105,12 @@ def evaluation(task: Task, config: Config, setup: Setup, *, checkpoint: str,
 
 
 def write(directory: str, name: str, summary: dict) -> None:
-  """Writes `summary` as `name` in `directory` and logs the `Done:` line."""
+  """Writes `summary` as `name` in `directory`."""
   with open(os.path.join(directory, name), "w") as f:
     json.dump(summary, f, indent=2)
+
+
+def announce(summary: dict) -> None:
+  """Logs the `Done:` line: the run's last output (once it is printed,
+  everything is written, and the command line exits, engine/ending.py)."""
   logging.info("Done: %s", json.dumps(summary))

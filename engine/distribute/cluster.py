@@ -17,10 +17,12 @@ import re
 import socket
 import subprocess
 import sys
+import time
 from typing import Dict, List, Optional
 
 from absl import logging
 import tensorflow as tf
+from tensorflow.python.eager import context
 
 from engine.distribute import devices, watchdog
 from engine.config import DistributionConfig
@@ -35,6 +37,9 @@ _PROBE_FAILURES = 3
 _GRACE_SECONDS = 10.0
 # How long a peer's gRPC server has to answer the probe of `stuck_peers`.
 _RESPOND_SECONDS = 2.0
+# At the end of a run, how long the coordination service's leader waits for
+# the other workers to exit after the last barrier (they exit at once).
+_LEAVE_SECONDS = 5.0
 _watchdog: Optional["Watchdog"] = None
 
 
@@ -76,6 +81,40 @@ def stop_watchdog() -> None:
   """Called after the last collective: peers may now exit in any order."""
   if _watchdog is not None:
     _watchdog.stop()
+
+
+def meet_peers(timeout: float) -> None:
+  """Waits until every worker has ended its run, at most `timeout` seconds.
+
+  The command line calls it once a run ended the same way on every worker
+  (done, preempted, stopped for a resource, diverged), just before the
+  process exits without TensorFlow's teardown (engine/ending.py). A worker
+  that is done may still be needed: a peer's last collective can still be
+  reading from its gRPC server, and the leader task (the chief, or worker 0)
+  hosts TensorFlow's coordination service, whose heartbeats every worker
+  sends. So every worker waits at a barrier of that service, and the leader
+  then waits (up to _LEAVE_SECONDS) for the others' ports to close before
+  it goes, so that no worker is left waiting for the barrier's answer.
+
+  A peer that never comes (it failed after the last collective; its own exit
+  code says so) costs `timeout` seconds and a warning: this worker's outputs
+  are written, so its exit code stays its own. Off a cluster it does nothing.
+  """
+  if _watchdog is None:
+    return
+  stop_watchdog()
+  try:
+    context.context().wait_at_barrier("tfengine_end", int(timeout * 1000))
+  except tf.errors.OpError as e:
+    logging.warning("not every worker reached the end of the run within "
+                    "%g s (%s); exiting: this worker's outputs are written.",
+                    timeout, _first_line(e, str(e.message)))
+    return
+  if _watchdog.leader:
+    deadline = time.monotonic() + _LEAVE_SECONDS
+    while (time.monotonic() < deadline and
+           any(watchdog.accepts(a, 0.5) for a in _watchdog.peers.values())):
+      time.sleep(0.02)
 
 
 def peer_messages():
@@ -215,6 +254,10 @@ class Watchdog:
   def __init__(self, addresses: Dict[tuple, str], me: tuple,
                init_timeout: float, grace: float):
     self.peers = {k: v for k, v in addresses.items() if k != me}
+    # Whether this task hosts TensorFlow's coordination service (TF's
+    # multi_worker_util.coordination_leader: the chief, else worker 0).
+    self.leader = me == (("chief", 0) if ("chief", 0) in addresses else
+                         ("worker", 0))
     self._args = [str(os.getpid()), str(init_timeout), str(_PROBE_SECONDS),
                   str(_PROBE_FAILURES), str(grace),
                   json.dumps({f"{t}:{i}": a for (t, i), a in

@@ -88,7 +88,7 @@ class SummaryHook(hooks.Hook):
     """
     @tf.function(input_signature=[
         tf.TensorSpec([len(self._tags)], tf.float32),
-        tf.TensorSpec([], tf.int64)])
+        tf.TensorSpec([], tf.int64)], autograph=False)  # a Python loop
     def write(values, step):
       with self._train.as_default():
         for k, tag in enumerate(self._tags):
