@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from conftest import ROOT, engine_cmd, run_job, tiny_config
 import engine
+from engine.core import checkpoint
 from engine.errors import ConfigError
 
 

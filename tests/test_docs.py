@@ -46,8 +46,15 @@ _BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 _DRIVER = """
 import json, os, runpy, sys, traceback
 from absl import flags
+from engine import ending
 from engine.host import cpus
 cpus.split_cpu(4)  # the most any command asks for; fewer are kept
+# The command line exits at its end with os._exit (engine/ending.py); here
+# the next command must run, so its end is an exception the loop catches.
+def _end(code):
+  ending._clean_up()
+  sys.exit(code)
+ending.end = _end
 sys.path.insert(0, os.getcwd())  # python SCRIPT: the script's folder
 codes = []
 for argv in json.loads(sys.argv[1]):

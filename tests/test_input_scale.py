@@ -337,7 +337,7 @@ def test_evaluation_is_the_same_on_one_replica_two_replicas_and_two_workers(
       f"--checkpoint={ckpt}", "--eval_split=train", "--noexport",
       f"--model_dir={tmp_path / 'mw'}"])
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-  workers = json.loads((tmp_path / "mw" / "summary.json").read_text())
+  workers = json.loads((tmp_path / "mw" / "eval.json").read_text())
   assert (two["num_replicas"], workers["num_workers"]) == (2, 2)
   for s in (one, two, workers):
     assert (s["global_step"], s["eval_examples"]) == (2, good)

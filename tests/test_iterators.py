@@ -76,7 +76,7 @@ def test_a_run_hands_its_training_and_eval_iterators_over(monkeypatch,
   # One Evaluator iterator (every pass reads it) and the training one, each
   # a live distributed iterator when it is handed over.
   assert sorted(dropped) == [("Evaluator", "_iterator", "DistributedIterator"),
-                             ("_State", "iterator", "DistributedIterator")]
+                             ("State", "iterator", "DistributedIterator")]
 
 
 def test_the_command_line_ends_without_waiting_at_exit(tmp_path):
