@@ -107,7 +107,9 @@ def test_auto_host_calls_are_longer_for_a_small_model(monkeypatch, tmp_path):
   # About 0.2 s per call: measured ~1 ms vs ~50 ms a step here, so the
   # lengths differ by far more than the factor asked.
   assert chosen[0] > 4 * chosen[1], chosen
-  assert fast.summary["host_calls"] < 40 and slow.summary["host_calls"] > 5
+  # The slow run's count depends on the machine's speed (5 to 8 seen on 2
+  # cores); with auto it is more than the traced call and a whole-run one.
+  assert fast.summary["host_calls"] < 40 and slow.summary["host_calls"] > 3
 
 
 def test_epochs_set_the_step_count_with_a_partial_last_batch(tmp_path):
