@@ -22,13 +22,16 @@ class Rows:
   "examples" (the step's example count), "grad_norm" and "learning_rate"
   (the rate the step's update used). `votes`: the stop
   votes the call summed over the workers (engine/core/preemption.py).
+  `running`: the columns of Keras metric objects, whose value is over the
+  epoch so far and known at the call's last step only (NaN before it).
   """
 
   def __init__(self, names: Sequence[str], values: np.ndarray,
-               votes: float = 0.0):
+               votes: float = 0.0, running: Sequence[str] = ()):
     self.names = tuple(names)
     self.values = values  # float32 [steps, len(names)]
     self.votes = votes
+    self.running = tuple(running)
 
   def __getitem__(self, name: str) -> np.ndarray:
     return self.values[:, self.names.index(name)]

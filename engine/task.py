@@ -25,28 +25,35 @@ Contract (checked before training, each mistake a one-line error):
   * `per_example_loss(labels, outputs)` returns one float per example
     (shape [batch]); the engine sums it on each replica and divides by the
     number of examples in the global batch. Keras losses made with
-    `reduction=None` fit as they are.
-  * `build_metrics()` returns named functions `(labels, outputs) -> one value
-    per example`; each is reported as its mean over the examples (of a step,
-    of an evaluation). Keras's metric functions (`keras.metrics.
-    mean_absolute_error`, ...) fit as they are.
+    `reduction=None` fit as they are. A model with several outputs (a dict
+    or list) may instead take a loss per output, `loss={"class": ...,
+    "value": ...}` with `loss_weights={"value": 0.5}` (`build_loss`), its
+    labels of the same structure.
+  * `build_metrics()` returns named metrics: functions `(labels, outputs) ->
+    one value per example`, each reported as its mean over the examples (of a
+    step, of an evaluation), and Keras metric objects (`keras.metrics.AUC()`,
+    ...), whose states the engine sums across replicas and workers (training:
+    over the epoch so far; evaluation: over the pass). With a loss per
+    output, an entry keyed by an output name holds that output's metrics and
+    any other applies to each output, reported as "OUTPUT/NAME".
   * `model.losses` (kernel and activity regularizers) are added by the
     engine, once per step for the global batch.
 """
 from __future__ import annotations
 
-from typing import (TYPE_CHECKING, Callable, Dict, Mapping, Optional, Sequence,
-                    Tuple, Union)
+from typing import (TYPE_CHECKING, Callable, Dict, Mapping, Optional,
+                    Sequence, Union)
 
-from engine.errors import ConfigError
 
 if TYPE_CHECKING:  # this module loads without TensorFlow (fast CLI errors)
   import keras
   import tensorflow as tf
 
 MetricFn = Callable[[object, "tf.Tensor"], "tf.Tensor"]
-Metrics = Union[Mapping[str, MetricFn], Sequence[Union[MetricFn,
-                                                       Tuple[str, MetricFn]]]]
+# A per-example function or a keras.metrics.Metric; with several outputs an
+# entry keyed by an output name may hold a list or dict of them.
+Metrics = Union[Mapping[str, object], Sequence[object]]
+Losses = Union[Callable, Mapping[str, Callable], Sequence[Callable]]
 SPLITS = ("train", "eval")
 # Names the engine reports itself; a task's metric may not take them.
 RESERVED = ("loss", "examples", "grad_norm", "learning_rate",
@@ -59,9 +66,14 @@ class Task:
   Args:
     model: () -> keras.Model, called inside the strategy's scope.
     inputs: (split, tf.distribute.InputContext) -> tf.data.Dataset or None.
-    loss: (labels, outputs) -> per-example losses.
-    metrics: {name: fn} or [fn, (name, fn), ...]; a function's name is its
-      `__name__` (or `name` attribute).
+    loss: (labels, outputs) -> per-example losses; or, for a model with
+      several outputs, {output: loss} or [loss, ...] (an output without a
+      loss needs no label).
+    loss_weights: {output: weight} or [weight, ...] with a loss per output
+      (default 1.0 each); "loss" is the weighted sum.
+    metrics: {name: metric} or [metric, (name, metric), ...], a metric being
+      a per-example function or a Keras metric object; a name defaults to
+      the metric's `name` (or `__name__`).
     name: for logs and for the checkpoint's run identity (default: the
       class name).
   """
@@ -70,12 +82,14 @@ class Task:
 
   def __init__(self, *, model: Optional[Callable[[], keras.Model]] = None,
                inputs: Optional[Callable] = None,
-               loss: Optional[Callable] = None,
+               loss: Optional[Losses] = None,
+               loss_weights=None,
                metrics: Optional[Metrics] = None,
                name: Optional[str] = None):
     self._model_fn = model
     self._inputs_fn = inputs
     self._loss_fn = loss
+    self._loss_weights = loss_weights
     self._metrics = metrics
     self.name = name or type(self).__name__
 
@@ -99,7 +113,22 @@ class Task:
     if self._loss_fn is None:
       raise NotImplementedError(f"{self.name}: pass loss= or override "
                                 "per_example_loss().")
+    if isinstance(self._loss_fn, (Mapping, list, tuple)):
+      raise NotImplementedError(
+          f"{self.name}: a loss per output is summed by the engine "
+          "(engine/core/objective.py), not by per_example_loss().")
     return self._loss_fn(labels, outputs)
+
+  def build_loss(self) -> Losses:
+    """The loss: `per_example_loss`, or the loss per output given as
+    `loss=` (a dict or list)."""
+    if isinstance(self._loss_fn, (Mapping, list, tuple)):
+      return self._loss_fn
+    return self.per_example_loss
+
+  def build_loss_weights(self):
+    """{output: weight} (or a list) for a loss per output; None: 1.0 each."""
+    return self._loss_weights
 
   def num_examples(self, split: str) -> Optional[int]:
     """The split's size if known without reading it (e.g. from metadata).
@@ -111,7 +140,8 @@ class Task:
     return None
 
   def build_metrics(self) -> Metrics:
-    """Named per-example metrics; none by default."""
+    """Named metrics (per-example functions, Keras metric objects); none by
+    default."""
     return self._metrics or {}
 
   def preprocess_batch(self, features, labels, training: bool):
@@ -151,38 +181,22 @@ class Task:
     """
     return {"task": self.name}
 
+  def serving_features(self):
+    """What the exported SavedModel takes, when not the features the input
+    pipeline makes: `(signature, preprocess)`, `signature` a
+    `tf.TensorSpec` (or a dict of them) with a free batch dimension and
+    `preprocess` a Keras layer (or any trackable callable) that maps such
+    inputs to the model's features, e.g. a `TextVectorization` layer taking
+    raw strings. None (the default): the features as the pipeline makes
+    them."""
+    return None
+
   def serving_outputs(self, outputs) -> Dict[str, tf.Tensor]:
-    """What the exported SavedModel's `serving_default` returns."""
+    """What the exported SavedModel's `serving_default` returns: a dict of
+    outputs as it is, a list by `output_0`, `output_1`..., else
+    `{"outputs": outputs}`."""
+    if isinstance(outputs, Mapping):
+      return dict(outputs)
+    if isinstance(outputs, (list, tuple)):
+      return {f"output_{i}": t for i, t in enumerate(outputs)}
     return {"outputs": outputs}
-
-
-def metric_fns(task: Task) -> Tuple[Tuple[str, MetricFn], ...]:
-  """The task's metrics as ((name, fn), ...), in a fixed order.
-
-  Raises:
-    ConfigError: a name used twice, a reserved name, or a metric that is not
-      a function.
-  """
-  spec = task.build_metrics()
-  pairs = list(spec.items()) if isinstance(spec, Mapping) else [
-      item if isinstance(item, tuple) else (_name_of(item), item)
-      for item in spec]
-  seen = set()
-  for name, fn in pairs:
-    if not callable(fn):
-      raise ConfigError(f"task {task.name}: metric {name!r} is "
-                        f"{type(fn).__name__}, not a function (labels, "
-                        "outputs) -> one value per example.")
-    if name in RESERVED:
-      raise ConfigError(f"task {task.name}: metric name {name!r} is "
-                        f"reserved by the engine ({', '.join(RESERVED)}); "
-                        "rename it.")
-    if name in seen:
-      raise ConfigError(f"task {task.name}: metric name {name!r} is used "
-                        "twice; give each metric its own name.")
-    seen.add(name)
-  return tuple(pairs)
-
-
-def _name_of(fn) -> str:
-  return getattr(fn, "name", None) or getattr(fn, "__name__", repr(fn))

@@ -19,8 +19,7 @@ import tensorflow as tf
 
 import engine
 from benchmarks import families
-from engine.core.checks import checked_loss, checked_metric
-from engine.task import metric_fns
+from engine.core.checks import checked
 
 
 class Together(keras.Model):
@@ -52,17 +51,18 @@ class Families(engine.Task):
                                  {n: l for n, (_, l) in e.items()}))
 
   def per_example_loss(self, labels, outputs):
-    return tf.add_n([checked_loss(t, labels[n], outputs[n])
-                     for n, t in self.tasks.items()])
+    return tf.add_n([checked(t, "the loss", t.per_example_loss, labels[n],
+                             outputs[n]) for n, t in self.tasks.items()])
 
   def build_metrics(self):
     out = {}
     for n, t in self.tasks.items():
       out[f"{n}_loss"] = (lambda y, p, n=n, t=t:
-                          checked_loss(t, y[n], p[n]))
-      for name, fn in metric_fns(t):
+                          checked(t, "the loss", t.per_example_loss, y[n],
+                                  p[n]))
+      for name, fn in t.build_metrics().items():
         out[f"{n}_{name}"] = (lambda y, p, n=n, t=t, name=name, fn=fn:
-                              checked_metric(t, name, fn, y[n], p[n]))
+                              checked(t, f"metric {name!r}", fn, y[n], p[n]))
     return out
 
 

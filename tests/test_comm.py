@@ -15,7 +15,6 @@ from engine.core import model_building, step
 from engine.core.optimizers import create_optimizer
 from engine.distribute import strategy as strategy_lib
 from engine.errors import ConfigError
-from engine.task import metric_fns
 
 
 def max_diff(a, b):
@@ -144,10 +143,10 @@ def test_float16_overflow_step_is_skipped_and_recovers():
         batchnorm=config.batchnorm)
     optimizer = create_optimizer(config.optimization)
     optimizer.build(model.trainable_variables)
-  metrics = metric_fns(task)
-  names = step.row_names(metrics)
+  objective = step.resolve(task, model, dataset.element_spec)
+  names = step.sum_names(objective)
   loop = step.make_train_loop(strategy, step.make_replica_step(
-      task, model, optimizer, metrics, distribution=config.distribution,
+      objective, model, optimizer, distribution=config.distribution,
       optimization=config.optimization, batchnorm=config.batchnorm,
       batch_size_per_replica=8), names,
       exchange_votes=False)

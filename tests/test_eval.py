@@ -7,10 +7,9 @@ import tensorflow as tf
 
 from conftest import eval_batches, read_scalars, run_job, tiny_config
 from engine import models
-from engine.core import evaluate, inputs
+from engine.core import evaluate, inputs, step
 from engine.distribute import strategy as strategy_lib
 from engine.errors import ConfigError
-from engine.task import metric_fns
 
 # 37 examples in batches of 8 or 9: the last eval batch is partial, and with
 # 3 replicas a batch of 1 leaves two replicas without examples.
@@ -64,7 +63,8 @@ def test_passes_reuse_one_iterator_and_agree():
   data = inputs.eval_inputs(task, inputs.input_context(strategy), 8)
   with strategy.scope():
     model = task.build_model()
-  evaluator = evaluate.Evaluator(strategy, task, model, metric_fns(task), data)
+  evaluator = evaluate.Evaluator(
+      strategy, step.resolve(task, model, data.element_spec), model, data)
   iterator = evaluator._iterator  # pylint: disable=protected-access
   results = [evaluator.evaluate() for _ in range(3)]
   assert evaluator._iterator is iterator  # pylint: disable=protected-access

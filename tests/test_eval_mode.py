@@ -73,7 +73,8 @@ def test_bad_combinations_are_refused(fields, line):
 
 
 @pytest.mark.parametrize("flags, line", [
-    (["--keep_best=eval_nope", "--eval_split=train"],
+    (["--keep_best=eval_nope", "--eval_split=train",
+      "--batch_size_per_replica=8"],
      "error: --keep_best=eval_nope: no such evaluation metric; valid: "
      "eval_loss, eval_accuracy, eval_top5_accuracy."),
     (["--mode=eval"], "error: --mode=eval: no checkpoint in {}/checkpoints "

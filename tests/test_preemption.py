@@ -23,7 +23,6 @@ from engine import hooks
 from engine.core import model_building, step
 from engine.core.optimizers import create_optimizer
 from engine.distribute import strategy as strategy_lib
-from engine.task import metric_fns
 from engine import launch as launcher
 from test_multi_worker import (_kill, _launched_pid, _start, _wait_for, launch,
                                lr, tiny_flags)
@@ -54,17 +53,17 @@ def test_host_call_sums_every_replicas_vote(kw, replicas):
         batchnorm=config.batchnorm)
     optimizer = create_optimizer(config.optimization)
     optimizer.build(model.trainable_variables)
-  metrics = metric_fns(task)
+  dataset = train_batches(job, 8 * replicas, with_rows=True)[0]
+  objective = step.resolve(task, model, dataset.element_spec)
   loop = step.make_train_loop(strategy, step.make_replica_step(
-      task, model, optimizer, metrics, distribution=config.distribution,
+      objective, model, optimizer, distribution=config.distribution,
       optimization=config.optimization, batchnorm=config.batchnorm,
       batch_size_per_replica=8),
-      step.row_names(metrics), exchange_votes=True)
-  iterator = iter(strategy.experimental_distribute_dataset(
-      train_batches(job, 8 * replicas, with_rows=True)[0]))
+      step.sum_names(objective), exchange_votes=True)
+  iterator = iter(strategy.experimental_distribute_dataset(dataset))
   for vote, proposal in ((0.0, 1.0), (1.0, 37.0), (2.0 ** 16, 100000.0)):
-    rows, votes = loop(iterator, tf.constant(2),
-                       tf.constant([vote, proposal]))
+    rows, votes, _ = loop(iterator, tf.constant(2),
+                          tf.constant([vote, proposal]))
     assert rows.shape[0] == 2
     assert votes.numpy().tolist() == [vote * replicas, proposal]
 

@@ -58,6 +58,7 @@ class CallbackHook(Hook):
     self._epoch_sums = {}
     self._epoch_steps = 0
     self._eval = None  # (step, metrics) of the latest evaluation
+    self._running = {}  # metric objects' values at the last call's end
     params = {"epochs": math.ceil(total_steps / steps_per_epoch),
               "steps": steps_per_epoch, "verbose": 0}
     for c in self._callbacks:
@@ -84,9 +85,13 @@ class CallbackHook(Hook):
 
   def after_loop(self, step, rows, seconds):
     names = rows.metrics()
+    means = [n for n in names if n not in rows.running]
     first = step - len(rows) + 1
+    # A metric object's value is over the epoch so far at the call's end,
+    # which is an epoch's end when one ends (metric_states.BoundaryHook).
+    self._running = {n: float(rows[n][-1]) for n in rows.running}
     for k in range(len(rows)):
-      for name in names:
+      for name in means:
         self._epoch_sums[name] = (self._epoch_sums.get(name, 0.0) +
                                   float(rows[name][k]))
       self._epoch_steps += 1
@@ -100,6 +105,7 @@ class CallbackHook(Hook):
   def _end_epoch(self, step: int) -> None:
     epoch = (step - 1) // self._per_epoch
     logs = {k: v / self._epoch_steps for k, v in self._epoch_sums.items()}
+    logs.update(self._running)
     logs.update(self._val_logs(step))
     self._call("on_epoch_end", epoch, logs, step=step)
     self._epoch_sums, self._epoch_steps = {}, 0

@@ -2,13 +2,15 @@
 
 Each mistake is a one-line ConfigError naming the task and what is wrong,
 raised before training: at the data set's construction (`check_examples`)
-or when the step is first traced (`checked_loss`, `checked_metric`, called
-by engine/core/step.py).
+or when the step is first traced (`checked`, called by
+engine/core/objective.py).
 """
+from typing import Callable
+
 import tensorflow as tf
 
 from engine.errors import ConfigError
-from engine.task import MetricFn, Task
+from engine.task import Task
 
 
 def check_examples(task: Task, split: str, dataset: tf.data.Dataset) -> None:
@@ -65,36 +67,24 @@ def common_rank(labels, outputs):
   return labels, outputs
 
 
-def checked_loss(task: Task, labels, outputs) -> tf.Tensor:
-  """The task's per-example loss as float32 [batch], checked at trace time.
+def checked(task: Task, what: str, fn: Callable, labels,
+            outputs) -> tf.Tensor:
+  """`fn(labels, outputs)` as float32 [batch], checked at trace time; `what`
+  names it in errors ("the loss", "metric 'mae'", "the loss of output 'x'").
 
   Raises:
-    ConfigError: the loss failed on these labels and outputs, or did not
-      return one value per example.
+    ConfigError: it failed on these labels and outputs, or did not return
+      one value per example.
   """
-  labels, outputs = common_rank(labels, outputs)
-  try:
-    per_example = task.per_example_loss(labels, outputs)
-  except (ValueError, TypeError, tf.errors.InvalidArgumentError) as e:
-    raise ConfigError(
-        f"task {task.name}: the loss failed on the model's outputs "
-        f"({_shapes(outputs)}) and the labels ({_shapes(labels)}): "
-        f"{_first_line(e)}") from e
-  return _per_example(task, "the loss", per_example, labels, outputs)
-
-
-def checked_metric(task: Task, name: str, fn: MetricFn, labels,
-                   outputs) -> tf.Tensor:
-  """A metric's per-example values as float32 [batch], checked likewise."""
   labels, outputs = common_rank(labels, outputs)
   try:
     values = fn(labels, outputs)
   except (ValueError, TypeError, tf.errors.InvalidArgumentError) as e:
     raise ConfigError(
-        f"task {task.name}: metric {name!r} failed on the model's outputs "
+        f"task {task.name}: {what} failed on the model's outputs "
         f"({_shapes(outputs)}) and the labels ({_shapes(labels)}): "
-        f"{_first_line(e)}") from e
-  return _per_example(task, f"metric {name!r}", values, labels, outputs)
+        f"{first_line(e)}") from e
+  return _per_example(task, what, values, labels, outputs)
 
 
 def _per_example(task: Task, what: str, values, labels,
@@ -128,6 +118,6 @@ def _shapes(structure) -> str:
   return "shape " + ", ".join(shapes) if shapes else "no tensors"
 
 
-def _first_line(error: Exception) -> str:
+def first_line(error: Exception) -> str:
   text = str(error).strip().splitlines()
   return text[0][:300] if text else type(error).__name__

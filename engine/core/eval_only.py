@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from engine.config import Config
 from engine.core import checkpoint, evaluate, inputs, step
+from engine.core import objective as objective_lib
 from engine.core import ema as ema_lib
 from engine.core import summary as summary_lib
 from engine.core.model_building import build_model
@@ -27,7 +28,7 @@ from engine.core.roles import Setup
 from engine.distribute import cluster, hang
 from engine.errors import flag_error
 from engine.report import tensorboard
-from engine.task import Task, metric_fns
+from engine.task import Task
 
 
 # The optimizer's update count in a checkpoint written by engine.run.
@@ -70,7 +71,6 @@ def evaluate_checkpoint(task: Task, config: Config, setup: Setup,
       one of this task's model.
   """
   strategy = setup.strategy
-  metrics = metric_fns(task)
   built = inputs.eval_inputs(task, inputs.input_context(strategy),
                              setup.global_batch)
   if built is None:
@@ -81,7 +81,10 @@ def evaluate_checkpoint(task: Task, config: Config, setup: Setup,
     model = build_model(
         task, mixed_precision=config.optimization.mixed_precision,
         batchnorm=config.batchnorm, freeze=config.initialization.freeze)
-    step.check_forward(task, model, metrics, built.element_spec)
+    outputs_spec = step.output_spec(model, built.element_spec)
+    objective = objective_lib.build(task, model, outputs_spec,
+                                    built.element_spec[1])
+    step.check_forward(objective, outputs_spec, built.element_spec)
     averages = (ema_lib.EMA(model.trainable_variables, 0.5)
                 if "ema" in saved else None)
   try:
@@ -101,8 +104,7 @@ def evaluate_checkpoint(task: Task, config: Config, setup: Setup,
       config.distribution.init_timeout,
       peer_messages=cluster.peer_messages(),
       name_stuck=cluster.stuck_peers_line) as watch:
-    evaluator = evaluate.Evaluator(strategy, task, model, metrics, built,
-                                   watch)
+    evaluator = evaluate.Evaluator(strategy, objective, model, built, watch)
     with ema_lib.swapped(averages):
       results = evaluator.evaluate()
     evaluator.release()

@@ -7,6 +7,10 @@ returns the sums of its per-example values and its example count; one
 the means divide by the global count of real examples, so a partial last
 batch, or a replica with no examples, weighs exactly as on one device.
 
+Keras metric objects keep a state per replica (engine/core/metric_states.py):
+each pass starts them at zero and sums them across replicas and workers
+once, at its end.
+
 Each worker decodes only its own replicas' rows of every global batch, as in
 training (engine/core/inputs.py's `EvalData`): N workers each decode 1/N of
 the evaluation images, with the one-replica results.
@@ -18,37 +22,46 @@ from typing import Callable, ContextManager, Dict, Optional, Sequence
 from absl import logging
 import tensorflow as tf
 
-from engine.core import inputs, iterators
+from engine.core import inputs, iterators, metric_states
+from engine.core.objective import Objective
 from engine.hooks import Hook, every
-from engine.core.step import batch_size, forward_sums
+from engine.core.step import batch_size, forward_sums, output_spec
 from engine.distribute import hang
-from engine.task import Task
 
 _SUM = tf.distribute.ReduceOp.SUM
 
 
-def make_replica_eval_step(task: Task, model, metrics) -> Callable:
-  """(features, labels) -> [loss sum, count, metric sums...] of a replica.
+def make_replica_eval_step(objective: Objective, model,
+                           states: Optional[metric_states.Replicas] = None
+                           ) -> Callable:
+  """(features, labels) -> [loss sum, count, column sums...] of a replica;
+  the batch is added to the replica's metric objects' `states`.
 
   A replica with no examples (its share of a partial batch, or a worker
   whose FILE-sharded data ran out) runs no model and adds zeros: oneDNN's
   Conv2D computes empty batches wrong (docs/design/onednn.md). Inference
   has no collective in the model, so skipping it is safe on every strategy.
   """
+  def forward(features, labels):
+    sums, outputs = forward_sums(objective, model, features, labels,
+                                 training=False)
+    if not states:
+      return sums
+    with tf.control_dependencies([states.update(labels, outputs)]):
+      return tf.identity(sums)
+
   def eval_step(features, labels):
     rows = batch_size(features, labels)
-    sums = tf.cond(
-        rows > 0,
-        lambda: forward_sums(task, model, metrics, features, labels,
-                             training=False),
-        lambda: tf.zeros([1 + len(metrics)], tf.float32))
+    sums = tf.cond(rows > 0, lambda: forward(features, labels),
+                   lambda: tf.zeros([1 + len(objective.columns)], tf.float32))
     count = tf.cast(rows, tf.float32)
     return tf.concat([sums[:1], [count], sums[1:]], axis=0)
   return eval_step
 
 
 def make_eval_loop(strategy: tf.distribute.Strategy, eval_step, width: int,
-                   until_end: bool):
+                   until_end: bool,
+                   states: Optional[metric_states.Replicas] = None):
   """Compiles one pass over a distributed iterator into one host call.
 
   Args:
@@ -56,9 +69,21 @@ def make_eval_loop(strategy: tf.distribute.Strategy, eval_step, width: int,
       own share of, FILE sharding) instead of exactly `batches` batches.
 
   Returns:
-    eval_loop(iterator, batches) -> float32 [width]: the pass's global sums
-    (loss, examples, metrics...).
+    eval_loop(iterator, batches) -> (float32 [width]: the pass's global sums
+    (loss, examples, columns...); float32 [states.width]: the metric
+    objects' states summed over all replicas, empty without them).
   """
+  stateful = states is not None and bool(states)
+
+  def around(run_pass):
+    """The pass between resetting and reading the replicas' states."""
+    if not stateful:
+      return run_pass(), tf.zeros([0], tf.float32)
+    strategy.run(states.reset)
+    totals = run_pass()
+    return totals, strategy.reduce(_SUM, strategy.run(states.read),
+                                   axis=None)
+
   def add(totals, features, labels):
     per_replica = strategy.run(eval_step, args=(features, labels))
     return totals + strategy.reduce(_SUM, per_replica, axis=None)
@@ -76,17 +101,17 @@ def make_eval_loop(strategy: tf.distribute.Strategy, eval_step, width: int,
       more = optional.has_value()
       return i + 1, more, tf.cond(
           more, lambda: add(totals, *optional.get_value()), lambda: totals)
-    return tf.while_loop(
+    return around(lambda: tf.while_loop(
         lambda i, more, _: tf.logical_and(more, i < batches), one,
         (tf.constant(0), tf.constant(True),
-         tf.zeros([width], tf.float32)))[2]
+         tf.zeros([width], tf.float32)))[2])
 
   @tf.function(autograph=False)
   def exactly(iterator, batches):
-    return tf.while_loop(
+    return around(lambda: tf.while_loop(
         lambda i, _: i < batches,
         lambda i, totals: (i + 1, add(totals, *next(iterator))),
-        (tf.constant(0), tf.zeros([width], tf.float32)))[1]
+        (tf.constant(0), tf.zeros([width], tf.float32)))[1])
 
   return to_the_end if until_end else exactly
 
@@ -106,13 +131,23 @@ class Evaluator:
   iterator and reads to the end.
   """
 
-  def __init__(self, strategy, task: Task, model, metrics,
+  def __init__(self, strategy, objective: Objective, model,
                data: inputs.EvalData, watch=hang.unbounded):
-    self.names = ("loss", "examples") + tuple(name for name, _ in metrics)
-    step = make_replica_eval_step(task, model, metrics)
+    self.names = ("loss", "examples") + objective.columns
+    states = reader = None
+    if objective.objects:
+      labels_spec = data.element_spec[1]
+      outputs_spec = output_spec(model, data.element_spec)
+      states = metric_states.Replicas(strategy, objective.task.name,
+                                      objective.objects, labels_spec,
+                                      outputs_spec)
+      reader = metric_states.Reader(objective.task.name, objective.objects,
+                                    labels_spec, outputs_spec)
+    self._reader = reader
+    step = make_replica_eval_step(objective, model, states)
     self._until_end = data.until_end
     self._loop = make_eval_loop(strategy, step, len(self.names),
-                                self._until_end)
+                                self._until_end, states)
     if self._until_end:
       self._dataset = data.distribute(strategy, repeat=False)
       self._iterator = None
@@ -130,7 +165,8 @@ class Evaluator:
     if self._until_end:
       self._iterator = iter(self._dataset)
     with self._watch("eval", self.num_examples):
-      sums = self._loop(self._iterator, self._batches).numpy()
+      sums, state = self._loop(self._iterator, self._batches)
+    sums = sums.numpy()
     if self._until_end:  # this pass's iterator is done with
       iterators.drop_later(self, "_iterator")
     count = int(sums[1])
@@ -142,6 +178,9 @@ class Evaluator:
                          "exactly once.")
     out = {f"eval_{name}": float(value / count)
            for name, value in zip(self.names, sums)}
+    if self._reader is not None:
+      out.update({f"eval_{name}": value for name, value in
+                  self._reader.results(state.numpy()).items()})
     out["eval_examples"] = count
     return out
 
@@ -211,7 +250,8 @@ class EvalHook(Hook):
     self._evaluator.release()
 
 
-def eval_keys(metrics) -> tuple:
-  """summary.json's keys for an evaluation of these metrics."""
-  return ("eval_loss",) + tuple(f"eval_{n}" for n, _ in metrics) + (
-      "eval_examples",)
+def eval_keys(objective: Objective) -> tuple:
+  """summary.json's keys for an evaluation of this objective."""
+  return ("eval_loss",) + tuple(
+      f"eval_{n}" for n in objective.columns + objective.object_names) + (
+          "eval_examples",)

@@ -47,7 +47,9 @@ def train(state, pace, hook_list, watch, stop):
     vote = [stop.vote(), float(pace.proposal())]
     start = time.perf_counter()
     with watch("train", n):
-      out, votes, proposed = _host_call(state, n, vote, first=first)
+      out, votes, proposed, delta = _host_call(state, n, vote, first=first)
+    if state.metric_totals is not None:
+      out = _with_results(state, done, out, delta)
     seconds = time.perf_counter() - start
     if not first:
       pace.timed(n, seconds)
@@ -57,7 +59,8 @@ def train(state, pace, hook_list, watch, stop):
       logging.info("--steps_per_loop=auto: host calls of %d steps from step "
                    "%d (the last call: %d steps in %.3f s).", pace.steps,
                    done + n, n, seconds)
-    rows = Rows(state.names, out, votes)
+    rows = Rows(state.names, out, votes,
+                running=state.objective.object_names)
     if not first:
       steady_examples += float(rows["examples"].sum())
       steady_seconds += seconds
@@ -108,19 +111,35 @@ class _History:
     return self._rows[:self._size]
 
 
+def _with_results(state, done: int, out: np.ndarray,
+                  delta: np.ndarray) -> np.ndarray:
+  """`out` with a column per Keras metric object: its result over the epoch
+  so far at the call's last step, NaN at the steps before (a host call ends
+  at every epoch's end, log and summary step when the task has metric
+  objects: engine/core/metric_states.py's BoundaryHook)."""
+  restart = done % state.data.steps_per_epoch == 0
+  results = state.metric_reader.results(
+      state.metric_totals.add(delta, restart))
+  extra = np.full((len(out), len(results)), np.nan, np.float32)
+  extra[-1] = [results[name] for name in state.metric_reader.names]
+  return np.concatenate([out, extra], axis=1)
+
+
 def _host_call(state, n: int, vote, first: bool):
   """One call of the compiled loop: ([n, columns], summed stop votes, the
-  agreed length of the next call) on the host.
+  agreed length of the next call, the metric objects' summed states) on the
+  host.
 
   The first call traces the step. A task mistake that only shows when the
   step runs (a label outside the model's classes, say) fails there, and is
   reported as the task's, in one line, before anything was trained.
   """
   try:
-    rows, votes = state.train_loop(state.iterator, tf.constant(n, tf.int32),
-                                   tf.constant(vote, tf.float32))
+    rows, votes, delta = state.train_loop(
+        state.iterator, tf.constant(n, tf.int32),
+        tf.constant(vote, tf.float32))
     stop_votes, proposed = votes.numpy()
-    return rows.numpy(), float(stop_votes), float(proposed)
+    return rows.numpy(), float(stop_votes), float(proposed), delta.numpy()
   except tf.errors.InvalidArgumentError as e:
     refused = inputs.input_error(e)
     if refused is not None:  # e.g. --strict_images met a corrupt image

@@ -13,7 +13,7 @@ from absl import logging
 
 from engine import hooks as hooks_lib
 from engine.config import Config
-from engine.core import best, checkpoint, evaluate, inputs
+from engine.core import best, checkpoint, evaluate, inputs, metric_states
 from engine.core import callbacks as callbacks_lib
 from engine.core import ema as ema_lib
 from engine.core.roles import Setup, profile_dir
@@ -59,6 +59,10 @@ def make_hooks(task: Task, config: Config, setup: Setup, state: State,
       total_steps=state.total_steps,
       steps_per_epoch=state.data.steps_per_epoch)
   loop_hooks = [h for h in (best_hook, callback_hook) if h is not None]
+  if state.objective.objects:
+    loop_hooks.append(metric_states.BoundaryHook(
+        state.data.steps_per_epoch, config.reporting.log_every,
+        config.reporting.summary_every))
   comm_hook = comm.CommHook(config.distribution, config.optimization,
                             config.data.batch_size_per_replica,
                             state.optimizer, state.model.trainable_variables,
@@ -78,7 +82,7 @@ def _eval_hook(task, config, setup, state, watch, on_result):
   evaluation = config.evaluation
   built = inputs.eval_inputs(task, inputs.input_context(setup.strategy),
                              setup.global_batch)
-  keys = evaluate.eval_keys(state.metrics)
+  keys = evaluate.eval_keys(state.objective)
   every = evaluation.eval_every
   if built is None or evaluation.mode == "train":
     needs = [(f, v) for f, v in (
@@ -92,8 +96,8 @@ def _eval_hook(task, config, setup, state, watch, on_result):
   logging.info("Evaluating on %d examples every %s.", built.num_examples,
                f"{every} steps" if every else
                f"epoch ({state.data.steps_per_epoch} steps)")
-  evaluator = evaluate.Evaluator(setup.strategy, task, state.model,
-                                 state.metrics, built, watch)
+  evaluator = evaluate.Evaluator(setup.strategy, state.objective,
+                                 state.model, built, watch)
   return evaluate.EvalHook(evaluator, every or state.data.steps_per_epoch,
                            state.total_steps, on_result, keys=keys,
                            weights=lambda: ema_lib.swapped(state.ema))

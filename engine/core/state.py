@@ -17,12 +17,13 @@ import tensorflow as tf
 from engine.config import Config
 from engine.core import best, checkpoint, evaluate, init_weights, inputs
 from engine.core import ema as ema_lib
+from engine.core import metric_states, objective as objective_lib
 from engine.core import randomness, step, summary
 from engine.core.model_building import build_model
 from engine.core.optimizers import create_optimizer
 from engine.core.roles import Setup, exchanges_votes
 from engine.distribute import devices
-from engine.task import Task, metric_fns
+from engine.task import Task
 
 
 @dataclasses.dataclass
@@ -31,8 +32,8 @@ class State:
   model: keras.Model
   optimizer: keras.optimizers.Optimizer
   checkpointer: checkpoint.Checkpointer
-  metrics: tuple  # ((name, fn), ...)
-  names: tuple    # the columns of a step's row
+  objective: objective_lib.Objective  # the loss and metrics, resolved
+  names: tuple    # the columns of a step's row (engine/hooks.py's Rows)
   data: inputs.TrainData
   iterator: object
   train_loop: object
@@ -42,6 +43,10 @@ class State:
   best_state: object = None  # engine/core/best.BestState when one is kept
   randomness: object = None  # engine/core/randomness.RowRandomness
   callbacks: list = dataclasses.field(default_factory=list)  # Keras's
+  # Keras metric objects: their results from summed states, and training's
+  # states over the epoch so far (engine/core/metric_states.py).
+  metric_reader: object = None
+  metric_totals: object = None
 
 
 def build_state(task: Task, config: Config, setup: Setup) -> State:
@@ -52,8 +57,6 @@ def build_state(task: Task, config: Config, setup: Setup) -> State:
       checkpoint of another run.
   """
   strategy = setup.strategy
-  metrics = metric_fns(task)
-  best.check_metric(config.evaluation.keep_best, evaluate.eval_keys(metrics))
   context = inputs.input_context(strategy)
   keras.utils.set_random_seed(config.randomness.seed)
   data = inputs.TrainData(task, context, config.data, setup.global_batch,
@@ -65,7 +68,13 @@ def build_state(task: Task, config: Config, setup: Setup) -> State:
     model = build_model(
         task, mixed_precision=config.optimization.mixed_precision,
         batchnorm=config.batchnorm, freeze=config.initialization.freeze)
-    step.check_forward(task, model, metrics, data.batches().element_spec)
+    element_spec = data.batches().element_spec
+    outputs_spec = step.output_spec(model, element_spec)
+    objective = objective_lib.build(task, model, outputs_spec,
+                                    element_spec[1])
+    best.check_metric(config.evaluation.keep_best,
+                      evaluate.eval_keys(objective))
+    step.check_forward(objective, outputs_spec, element_spec)
     optimizer = create_optimizer(
         config.optimization, total_steps=total_steps,
         steps_per_epoch=data.steps_per_epoch, global_batch=setup.global_batch)
@@ -79,27 +88,35 @@ def build_state(task: Task, config: Config, setup: Setup) -> State:
     best_state = (best.BestState() if best.tracked_metric(
         config.evaluation.keep_best, config.evaluation.early_stopping_patience)
                   else None)
+  states = reader = totals = None
+  if objective.objects:
+    states = metric_states.Replicas(strategy, task.name, objective.objects,
+                                    element_spec[1], outputs_spec)
+    reader = metric_states.Reader(task.name, objective.objects,
+                                  element_spec[1], outputs_spec)
+    with strategy.scope():
+      totals = metric_states.Totals(states.width)
   checkpointer, start_step = _restore(task, config, setup, model, optimizer,
-                                      ema, best_state)
+                                      ema, best_state, totals)
   # The pipeline is a pure function of (seed, step): resuming is skipping.
   # Each worker decodes only its own rows (engine/core/inputs.py).
   iterator = data.distribute(strategy, start_step)
-  names = step.row_names(metrics)
   row_randomness = randomness.RowRandomness(
       config.randomness.seed, config.data.batch_size_per_replica *
       config.optimization.grad_accum_steps)
   train_loop = step.make_train_loop(
       strategy, step.make_replica_step(
-          task, model, optimizer, metrics,
+          objective, model, optimizer,
           distribution=config.distribution,
           optimization=config.optimization, batchnorm=config.batchnorm,
           batch_size_per_replica=config.data.batch_size_per_replica,
-          ema=ema, randomness=row_randomness),
-      names, exchange_votes=exchanges_votes(
-          config.checkpoints.preemption_sync, setup))
-  return State(model, optimizer, checkpointer, metrics, names, data,
-               iterator, train_loop, start_step, total_steps, ema,
-               best_state, row_randomness)
+          ema=ema, randomness=row_randomness, states=states),
+      step.sum_names(objective), exchange_votes=exchanges_votes(
+          config.checkpoints.preemption_sync, setup), states=states)
+  return State(model, optimizer, checkpointer, objective,
+               step.row_names(objective), data, iterator, train_loop,
+               start_step, total_steps, ema, best_state, row_randomness,
+               metric_reader=reader, metric_totals=totals)
 
 
 def _log_plan(task, config, setup, data, total_steps) -> None:
@@ -117,10 +134,11 @@ def _log_plan(task, config, setup, data, total_steps) -> None:
                onednn_state["onednn_source"])
 
 
-def _restore(task, config, setup, model, optimizer, ema, best_state):
+def _restore(task, config, setup, model, optimizer, ema, best_state, totals):
   """(Checkpointer, start step): the latest checkpoint restored, else the
   initial weights (--init_weights) loaded; run.json written."""
-  extras = {k: v.trackable() for k, v in (("ema", ema), ("best", best_state))
+  extras = {k: v.trackable() for k, v in (("ema", ema), ("best", best_state),
+                                          ("metric_states", totals))
             if v is not None}
   # Every worker resumes from the chief's checkpoints (model_dir must be
   # shared storage across hosts) and saves into its own output_dir.

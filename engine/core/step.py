@@ -7,23 +7,25 @@ MultiWorkerMirrored strategies: with one replica the all-reduce is an identity.
 A step reports named sums, one row per step: "loss" (the summed per-example
 loss, regularization included), "examples" (how many examples the step
 really had), "grad_norm" (of the mean gradient, before --clip_global_norm),
-"learning_rate" (what the step's update used), and each of the task's
-metrics summed over its examples. `make_train_loop` turns the sums into
-means over the examples of the global batch.
+"learning_rate" (what the step's update used), and the objective's columns
+(each output's own loss, the metric functions) summed over its examples.
+`make_train_loop` turns the sums into means over the examples of the global
+batch. Keras metric objects update a state per replica instead
+(engine/core/metric_states.py), summed in the host call's all-reduce.
 """
 import contextlib
-from typing import Callable, Optional, Sequence, Tuple
+from typing import Callable, Optional, Sequence
 
 import keras
 import tensorflow as tf
 
 from engine.config import BatchNormConfig, DistributionConfig
 from engine.config import OptimizationConfig
-from engine.core import batchnorm
-from engine.core.checks import checked_loss, checked_metric
+from engine.core import batchnorm, metric_states
+from engine.core import objective as objective_lib
+from engine.core.objective import Objective
 from engine.distribute.comm import WIRE_DTYPES
 from engine.distribute.devices import communication_options
-from engine.task import Task
 
 _SUM = tf.distribute.ReduceOp.SUM
 # The engine's own columns of a step's row; the task's metrics follow.
@@ -32,9 +34,16 @@ TRAIN_COLUMNS = ("loss", "examples", "grad_norm", "learning_rate")
 _NOT_SUMS = ("examples", "grad_norm", "learning_rate")
 
 
-def row_names(metrics: Sequence[Tuple[str, Callable]]) -> Tuple[str, ...]:
-  """The names of a train step's row, in order."""
-  return TRAIN_COLUMNS + tuple(name for name, _ in metrics)
+def sum_names(objective: Objective) -> tuple:
+  """The columns the compiled loop returns per step, in order."""
+  return TRAIN_COLUMNS + objective.columns
+
+
+def row_names(objective: Objective) -> tuple:
+  """The names of a train step's row as hooks see it (engine/hooks.py's
+  Rows): the compiled loop's columns, then the metric objects' results
+  (engine/core/host_loop.py adds them)."""
+  return sum_names(objective) + objective.object_names
 
 
 def batch_size(features, labels) -> tf.Tensor:
@@ -43,10 +52,11 @@ def batch_size(features, labels) -> tf.Tensor:
   return tf.shape(first)[0]
 
 
-def forward_sums(task: Task, model, metrics, features, labels,
+def forward_sums(objective: Objective, model, features, labels,
                  training: bool, pad_empty: bool = False, rows=None,
-                 randomness=None) -> tf.Tensor:
-  """[loss sum, metric sums...] of one (micro-)batch: the step's objective.
+                 randomness=None):
+  """([loss sum, column sums...], outputs) of one (micro-)batch: the step's
+  objective (engine/core/objective.py) and the outputs, float32.
 
   The loss sum is the task's per-example losses summed, plus the model's
   own losses (`model.losses`: kernel and activity regularizers) times the
@@ -73,12 +83,11 @@ def forward_sums(task: Task, model, metrics, features, labels,
   outputs = tf.nest.map_structure(
       lambda t: tf.cast(t, tf.float32) if t.dtype.is_floating else t, outputs)
   count = tf.cast(count_rows, tf.float32)
-  loss_sum = tf.reduce_sum(checked_loss(task, labels, outputs))
+  sums = objective.sums(labels, outputs)
   if model.losses:
-    loss_sum += count * tf.cast(tf.add_n(model.losses), tf.float32)
-  metric_sums = [tf.reduce_sum(checked_metric(task, name, fn, labels, outputs))
-                 for name, fn in metrics]
-  return tf.stack([loss_sum] + metric_sums)
+    penalty = count * tf.cast(tf.add_n(model.losses), tf.float32)
+    sums = tf.concat([sums[:1] + penalty, sums[1:]], axis=0)
+  return sums, outputs
 
 
 def _padded_call(model, features, count, training):
@@ -101,45 +110,54 @@ def _padded_call(model, features, count, training):
   return tf.nest.map_structure(lambda t: t[:count], outputs)
 
 
-def check_forward(task: Task, model, metrics, element_spec) -> None:
+def output_spec(model, element_spec):
+  """The model's outputs' specs (float32 where floating) for a batch of
+  `element_spec`, from Keras (`compute_output_spec`: free for functional
+  models, one symbolic call for subclassed ones, which creates their
+  variables here, in the strategy's scope, before the optimizer is built
+  for them)."""
+  symbolic = tf.nest.map_structure(
+      lambda s: keras.KerasTensor(s.shape, dtype=s.dtype.name),
+      element_spec[0])
+  return tf.nest.map_structure(
+      lambda t: tf.TensorSpec(t.shape, tf.float32 if "float" in t.dtype
+                              else t.dtype),
+      model.compute_output_spec(symbolic))
+
+
+def resolve(task, model, element_spec) -> Objective:
+  """The task's loss and metrics resolved against the model's outputs for
+  batches of `element_spec` ((features, labels, ...); engine/core/
+  objective.py)."""
+  return objective_lib.build(task, model, output_spec(model, element_spec),
+                             element_spec[1])
+
+
+def check_forward(objective: Objective, outputs_spec, element_spec) -> None:
   """Traces the loss and the metrics once on the shapes of the model's
   outputs and the labels, outside any replica, so a task's mistake is found
   before training.
 
   Tracing inside `strategy.run` would find it too, but MirroredStrategy's
   replica threads log the traceback before the error reaches the caller;
-  here only the one-line ConfigError of engine/task.py comes out. The
-  outputs' shapes come from Keras (`compute_output_spec`: free for
-  functional models, one symbolic call for subclassed ones, which creates
-  their variables here, in the strategy's scope, before the optimizer is
-  built for them).
+  here only the one-line ConfigError of engine/task.py comes out.
 
   Raises:
     ConfigError: the loss or a metric failed, or returned the wrong shape.
   """
-  features, labels = element_spec
-  symbolic = tf.nest.map_structure(
-      lambda s: keras.KerasTensor(s.shape, dtype=s.dtype.name), features)
-  outputs = tf.nest.map_structure(
-      lambda t: tf.TensorSpec(t.shape, tf.float32 if "float" in t.dtype
-                              else t.dtype),
-      model.compute_output_spec(symbolic))
-
-  def loss_and_metrics(labels, outputs):
-    return [checked_loss(task, labels, outputs)] + [
-        checked_metric(task, name, fn, labels, outputs)
-        for name, fn in metrics]
   # Without AutoGraph, as the step calls them (see `make_train_loop`).
-  tf.function(loss_and_metrics, autograph=False).get_concrete_function(
-      labels, outputs)
+  tf.function(objective.sums, autograph=False).get_concrete_function(
+      element_spec[1], outputs_spec)
 
 
-def make_replica_step(task: Task, model, optimizer, metrics, *,
+def make_replica_step(objective: Objective, model, optimizer, *,
                       distribution: DistributionConfig,
                       optimization: OptimizationConfig,
                       batchnorm: BatchNormConfig,
                       batch_size_per_replica: int, ema=None,
-                      randomness=None) -> Callable:
+                      randomness=None,
+                      states: Optional[metric_states.Replicas] = None
+                      ) -> Callable:
   """Returns the per-replica step: forward, backward, one all-reduce, update.
 
   The loss is the mean over the examples actually present in the global batch:
@@ -159,7 +177,8 @@ def make_replica_step(task: Task, model, optimizer, metrics, *,
 
   `ema` (engine/core/ema.py), if given, is updated after every update.
   `randomness` (engine/core/randomness.RowRandomness) keys the model's
-  random draws by row.
+  random draws by row. `states`: the metric objects' per-replica states
+  (engine/core/metric_states.py), updated with each (micro-)batch.
   """
   options = communication_options(distribution)
   variables = model.trainable_variables
@@ -183,8 +202,8 @@ def make_replica_step(task: Task, model, optimizer, metrics, *,
     rate = tf.where(tf.equal(ctx.replica_id_in_sync_group, 0),
                     tf.cast(optimizer.learning_rate, tf.float32), 0.0)
     forward_backward = _forward_backward_fn(
-        task, model, variables, metrics, optimization.jit_compile,
-        pad_empty, randomness)
+        objective, model, variables, optimization.jit_compile, pad_empty,
+        randomness)
     local_count = tf.cast(batch_size(features, labels), tf.float32)
     # With compression the count needs an all-reduce of its own (see
     # _mean_gradients). It depends only on the batch's shape, so it is issued
@@ -194,7 +213,8 @@ def make_replica_step(task: Task, model, optimizer, metrics, *,
     grads, sums = _accumulate(forward_backward, variables,
                               (features, labels, rows), scale, accum,
                               batch_size_per_replica,
-                              batchnorm.sync_batchnorm, len(metrics))
+                              batchnorm.sync_batchnorm,
+                              len(objective.columns), states)
     nominal_count = float(batch_size_per_replica * accum *
                           ctx.num_replicas_in_sync)
     grads = _mean_gradients(ctx, grads, local_count, early_count, options,
@@ -266,7 +286,7 @@ def _clip(grads, norm, limit):
   return [g * factor for g in grads]
 
 
-def _forward_backward_fn(task: Task, model, variables, metrics,
+def _forward_backward_fn(objective: Objective, model, variables,
                          jit_compile: bool, pad_empty: bool,
                          randomness) -> Callable:
   """Gradients of one (micro-)batch's summed loss times the loss scale.
@@ -277,21 +297,21 @@ def _forward_backward_fn(task: Task, model, variables, metrics,
   per replica, so that each replica's trace captures its own variables.
 
   Returns:
-    forward_backward(features, labels, rows, scale) -> (gradients, sums), sums
-    being [loss sum, metric sums...] (see `forward_sums`); a variable the
-    loss does not reach gets a zero gradient.
+    forward_backward(features, labels, rows, scale) -> (gradients, sums,
+    outputs), sums being [loss sum, column sums...] (see `forward_sums`); a
+    variable the loss does not reach gets a zero gradient.
   """
   def forward_backward(features, labels, rows, scale):
     with tf.GradientTape() as tape:
-      sums = forward_sums(task, model, metrics, features, labels,
-                          training=True, pad_empty=pad_empty, rows=rows,
-                          randomness=randomness)
+      sums, outputs = forward_sums(
+          objective, model, features, labels, training=True,
+          pad_empty=pad_empty, rows=rows, randomness=randomness)
       scaled = sums[0] * scale  # 1.0 unless float16 loss scaling
     grads = tape.gradient(scaled, variables,
                           unconnected_gradients=tf.UnconnectedGradients.ZERO)
     # Dense, an embedding's IndexedSlices too: each collective of the
     # compiled loop must have one shape in every step (see `_mean_gradients`).
-    return [tf.convert_to_tensor(g) for g in grads], sums
+    return [tf.convert_to_tensor(g) for g in grads], sums, outputs
 
   if jit_compile:
     return tf.function(forward_backward, jit_compile=True, autograph=False)
@@ -299,9 +319,10 @@ def _forward_backward_fn(task: Task, model, variables, metrics,
 
 
 def _accumulate(forward_backward, variables, batch, scale, k: int,
-                micro: int, sync_batchnorm: bool, num_metrics: int):
+                micro: int, sync_batchnorm: bool, num_columns: int, states):
   """Sums gradients and the row's sums over the K micro-batches of `batch`
-  = (features, labels, rows).
+  = (features, labels, rows), and adds each micro-batch to `states` (the
+  metric objects', engine/core/metric_states.py).
 
   A replica's empty (micro-)batch -- its share of a partial batch, or rows
   its task could not read -- computes nothing and adds zeros: an empty
@@ -311,13 +332,20 @@ def _accumulate(forward_backward, variables, batch, scale, k: int,
   there the model runs (on a padded row, `forward_sums`).
   """
   zeros = ([tf.zeros_like(v) for v in variables],
-           tf.zeros([1 + num_metrics], tf.float32))
+           tf.zeros([1 + num_columns], tf.float32))
+
+  def compute(part):
+    grads, sums, outputs = forward_backward(*part, scale)
+    if not states:
+      return grads, sums
+    with tf.control_dependencies([states.update(part[1], outputs)]):
+      return [tf.identity(g) for g in grads], tf.identity(sums)
 
   def one(part):
     if sync_batchnorm:
-      return forward_backward(*part, scale)
-    return tf.cond(batch_size(*part[:2]) > 0,
-                   lambda: forward_backward(*part, scale), lambda: zeros)
+      return compute(part)
+    return tf.cond(batch_size(*part[:2]) > 0, lambda: compute(part),
+                   lambda: zeros)
 
   if k == 1:
     return one(batch)
@@ -354,7 +382,9 @@ def means(sums: tf.Tensor, names: Sequence[str]) -> tf.Tensor:
 
 
 def make_train_loop(strategy: tf.distribute.Strategy, replica_step: Callable,
-                    names: Sequence[str], exchange_votes: bool) -> Callable:
+                    names: Sequence[str], exchange_votes: bool,
+                    states: Optional[metric_states.Replicas] = None
+                    ) -> Callable:
   """Compiles `num_steps` steps into one host call.
 
   Each step's only collective is the gradient all-reduce in the replica step.
@@ -387,6 +417,7 @@ def make_train_loop(strategy: tf.distribute.Strategy, replica_step: Callable,
   """
   local_replicas = len(strategy.extended.worker_devices)
   width = len(names)
+  stateful = states is not None and bool(states)
 
   def one_step(iterator, i, rows):
     # (features, labels, rows): engine/core/inputs.py
@@ -396,6 +427,8 @@ def make_train_loop(strategy: tf.distribute.Strategy, replica_step: Callable,
 
   @tf.function(autograph=False)
   def train_loop(iterator, num_steps, vote):
+    if stateful:
+      strategy.run(states.reset)
     # One array per replica of this worker, written by that replica's step.
     rows = [tf.TensorArray(tf.float32, size=num_steps,
                            element_shape=[width])
@@ -411,15 +444,29 @@ def make_train_loop(strategy: tf.distribute.Strategy, replica_step: Callable,
     # its proposal, so the sum is its own.
     extra = [tf.pad(vote * [1.0, 0.0], [[0, width - 2]])[None],
              tf.pad(vote, [[0, width - 2]])[None]]
-    # Replica ids run worker by worker, so a replica's local index is its id
-    # modulo the local count; each replica hands in the rows it wrote.
-    per_replica_rows = strategy.experimental_distribute_values_from_function(
-        lambda ctx: tf.concat([
-            stacked[ctx.replica_id_in_sync_group % local_replicas],
-            extra[int(ctx.replica_id_in_sync_group == 0)]], axis=0))
-    sums = strategy.reduce(_SUM, per_replica_rows, axis=None)
+    # Read in replica context: each replica's own state.
+    local_states = (strategy.experimental_local_results(
+        strategy.run(states.read)) if stateful else None)
+
+    def replica_part(ctx):
+      # Replica ids run worker by worker, so a replica's local index is its
+      # id modulo the local count; each replica hands in the rows it wrote.
+      local = ctx.replica_id_in_sync_group % local_replicas
+      part = tf.concat([stacked[local],
+                        extra[int(ctx.replica_id_in_sync_group == 0)]],
+                       axis=0)
+      if not stateful:
+        return part
+      return tf.concat([tf.reshape(part, [-1]), local_states[local]], 0)
+    sums = strategy.reduce(
+        _SUM, strategy.experimental_distribute_values_from_function(
+            replica_part), axis=None)
+    state_sums = tf.zeros([0], tf.float32)
+    if stateful:
+      state_sums = sums[-states.width:]
+      sums = tf.reshape(sums[:-states.width], [-1, width])
     votes = tf.stack([sums[-1, 0] if exchange_votes else vote[0],
                       sums[-1, 1]])
-    return means(sums[:-1], names), votes
+    return means(sums[:-1], names), votes, state_sums
 
   return train_loop

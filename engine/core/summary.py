@@ -64,10 +64,13 @@ def training(task: Task, config: Config, setup: Setup, state, history,
       "start_step": state.start_step,
       "final_loss": last(loss),
   }
-  # A metric's final value is its mean over the last --log_every steps.
-  for name, _ in state.metrics:
+  # A metric function's final value is its mean over the last --log_every
+  # steps; a metric object's is its result over the last epoch so far.
+  for name in state.objective.columns:
     window = history[name][-config.reporting.log_every:]
     summary[f"final_{name}"] = float(np.mean(window)) if len(window) else None
+  for name in state.objective.object_names:
+    summary[f"final_{name}"] = last(history[name])
   steady_examples, steady_seconds = steady
   # Examples the task's pipeline dropped (undecodable images): the batches
   # as made minus the all-reduced count of examples the steps really had.

@@ -41,15 +41,29 @@ _RESPOND_SECONDS = 2.0
 # the other workers to exit after the last barrier (they exit at once).
 _LEAVE_SECONDS = 5.0
 _watchdog: Optional["Watchdog"] = None
+# (DistributionConfig, strategy): the process's cluster, once joined.
+_made = None
 
 
 def make_multi_worker_strategy(config: DistributionConfig) -> tf.distribute.Strategy:
-  """Builds MultiWorkerMirroredStrategy for the cluster the config describes.
+  """Builds MultiWorkerMirroredStrategy for the cluster the config describes,
+  once per process: `engine.configure_host` makes it, before the task is
+  made (a task's Keras metric objects or lookup tables run ops, and
+  TensorFlow takes the cluster's collectives only before its first op), and
+  `engine.run` gets the same one.
 
   Raises:
     ConfigError: for a bad or conflicting cluster, a busy port, or NCCL
-      without GPUs.
+      without GPUs, or a second cluster in one process.
   """
+  global _made
+  if _made is not None:
+    if _made[0] != config:
+      raise ConfigError(
+          "this process already joined a cluster with other distribution "
+          "settings (engine.configure_host's config); a process trains on "
+          "one cluster: pass the same Config to configure_host and run.")
+    return _made[1]
   resolver = cluster_resolver(config, os.environ)
   spec = resolver.cluster_spec().as_dict()
   me = (resolver.task_type, resolver.task_id)
@@ -74,6 +88,7 @@ def make_multi_worker_strategy(config: DistributionConfig) -> tf.distribute.Stra
   _watchdog.joined()
   logging.info("All %d workers joined: %d replicas in total.",
                len(addresses), strategy.num_replicas_in_sync)
+  _made = (config, strategy)
   return strategy
 
 

@@ -12,13 +12,20 @@ from engine.errors import flag_error
 
 def configure_host(config: Config) -> None:
   """Sets up this host for `config`'s run (`engine.configure_host`): splits
-  the CPU into --cpu_devices logical devices. Call it before TensorFlow runs
-  any op; the command line does.
+  the CPU into --cpu_devices logical devices and, with
+  --strategy=multi_worker, joins the cluster (TensorFlow configures the
+  collectives only before its first op, and a task's Keras metric objects
+  or lookup tables run ops when they are made). Call it before TensorFlow
+  runs any op; the command line does, before it makes the task.
 
   Raises:
-    ConfigError: TensorFlow already started with fewer logical CPUs.
+    ConfigError: TensorFlow already started with fewer logical CPUs, or the
+      cluster cannot be joined.
   """
   split_cpu(config.distribution.cpu_devices)
+  if config.distribution.strategy == "multi_worker":
+    from engine.distribute import cluster  # pylint: disable=g-import-not-at-top
+    cluster.make_multi_worker_strategy(config.distribution)
 
 
 def split_cpu(cpu_devices: int) -> None:
