@@ -13,9 +13,11 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from conftest import ROOT, run_job, tiny_config
+from engine.core import host_loop
 from engine.host import memory
 
 # Page faults while 200 eager multiplies each write a fresh 1 MiB tensor.
@@ -71,3 +73,22 @@ def test_training_reports_whether_malloc_was_tuned(tmp_path):
                                  malloc_tuning=False,
                                  model_dir=str(tmp_path / "off")))
   assert kept.summary["malloc_tuned"] is False
+
+
+def test_the_history_keeps_the_last_steps_and_the_run_totals():
+  """A long run's memory stays flat: per-step values of the last `keep`
+  steps only, with the step count, the first row and the column sums of all
+  (summary.json's first_loss and skipped_images)."""
+  history = host_loop.History(("loss", "examples"), keep=4)
+  rows = np.stack([np.arange(1, 11), np.full(10, 8.0)], axis=1).astype(
+      np.float32)
+  for chunk in (rows[:1], rows[1:3], rows[3:9], rows[9:]):
+    history.add(chunk)
+  assert history.steps == 10
+  np.testing.assert_array_equal(history.columns()["loss"], [7, 8, 9, 10])
+  np.testing.assert_array_equal(history.first, [1, 8])
+  np.testing.assert_array_equal(history.totals, [55, 80])
+  one_call = host_loop.History(("loss",), keep=3)
+  one_call.add(np.arange(5, dtype=np.float32)[:, None])  # longer than keep
+  np.testing.assert_array_equal(one_call.columns()["loss"], [2, 3, 4])
+  assert one_call.steps == 5 and one_call.first[0] == 0

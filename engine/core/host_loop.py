@@ -29,10 +29,10 @@ def train(state, pace, hook_list, watch, stop):
   (engine/core/preemption.py), ends the loop early on every worker alike.
 
   Returns:
-    (history: {name: values per step}, (steady examples, steady seconds),
+    (the History of the steps' rows, (steady examples, steady seconds),
     {"stop_step", "stop_reason"}: both None unless the loop ended early).
   """
-  history, done = _History(len(state.names)), state.start_step
+  history, done = History(state.names), state.start_step
   steady_examples, steady_seconds = 0.0, 0.0
   loss_at = state.names.index("loss")
   norm_at = state.names.index("grad_norm")
@@ -84,31 +84,51 @@ def train(state, pace, hook_list, watch, stop):
       logging.warning("Stopping at step %d of %d: %s.", done,
                       state.total_steps, stopped["stop_reason"])
       break
-  values = history.values()
-  return ({name: values[:, k] for k, name in enumerate(state.names)},
-          (steady_examples, steady_seconds), stopped)
+  return history, (steady_examples, steady_seconds), stopped
 
 
-class _History:
-  """Every step's row in one float32 array that doubles when full: 4 bytes
-  per value and step, and no Python object per host call."""
+class History:
+  """The steps' rows, by column: every value of the last `keep` steps (4
+  bytes each, in a ring that doubles up to `keep` rows), and of all steps
+  the count, the first row and the column sums, so that a long run's memory
+  stays flat (a multi-day run at 100 steps a second would otherwise keep
+  gigabytes) and summary.json still says how it began."""
 
-  def __init__(self, width: int):
-    self._rows = np.zeros((1024, width), np.float32)
-    self._size = 0
+  def __init__(self, names, keep: int = 65_536):
+    self.names = tuple(names)
+    self.keep = keep
+    self.steps = 0       # rows added in this run
+    self.first = None    # the first row
+    self.totals = np.zeros(len(self.names), np.float64)
+    self._rows = np.zeros((min(1024, keep), len(self.names)), np.float32)
 
   def add(self, rows: np.ndarray) -> None:
-    end = self._size + len(rows)
-    if end > len(self._rows):
-      grown = np.zeros((max(end, 2 * len(self._rows)), self._rows.shape[1]),
-                       np.float32)
-      grown[:self._size] = self._rows[:self._size]
+    if not len(rows):
+      return
+    if self.first is None:
+      self.first = rows[0].copy()
+    self.totals += np.nansum(rows, axis=0, dtype=np.float64)
+    end = self.steps + len(rows)
+    if len(self._rows) < self.keep and end > len(self._rows):
+      # Not wrapped yet: the rows so far are [0, steps).
+      grown = np.zeros((min(self.keep, max(end, 2 * len(self._rows))),
+                        len(self.names)), np.float32)
+      grown[:self.steps] = self._rows[:self.steps]
       self._rows = grown
-    self._rows[self._size:end] = rows
-    self._size = end
+    kept = rows[-len(self._rows):]
+    self._rows[np.arange(end - len(kept), end) % len(self._rows)] = kept
+    self.steps = end
 
   def values(self) -> np.ndarray:
-    return self._rows[:self._size]
+    """[min(steps, keep), columns], oldest first."""
+    size = min(self.steps, len(self._rows))
+    start = self.steps - size
+    return self._rows[np.arange(start, self.steps) % len(self._rows)]
+
+  def columns(self):
+    """{name: the last `keep` steps' values}."""
+    values = self.values()
+    return {name: values[:, k] for k, name in enumerate(self.names)}
 
 
 def _with_results(state, done: int, out: np.ndarray,

@@ -39,7 +39,8 @@ class Result:
   """What a run produced; `summary` is also written to summary.json
   (--mode=eval: eval.json).
 
-  `history` holds one value per step trained in this run for "loss",
+  `history` holds one value per step trained in this run, for the last
+  65,536 steps (engine/core/host_loop.py's History), for "loss",
   "examples", "grad_norm", "learning_rate" and each task metric (4 bytes
   per value).
   """
@@ -126,7 +127,7 @@ def _train(task: Task, config: Config, setup: Setup, state: State,
                    host_calls=loop_pace.calls)
     for h in hook_list:
       h.end(summary)
-  return _finish(task, config, setup, state, summary, history)
+  return _finish(task, config, setup, state, summary, history.columns())
 
 
 def _nothing_to_train(config: Config, setup: Setup, state: State) -> Result:

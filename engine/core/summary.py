@@ -50,14 +50,15 @@ def training(task: Task, config: Config, setup: Setup, state, history,
 
   Args:
     state: engine/core/state.py's State after the host loop.
-    history: {column: one value per step trained in this run}.
+    history: engine/core/host_loop.py's History of this run's steps.
     steady: (examples, seconds) of the host calls after the first.
   """
   collectives = comm.collectives_per_step(
       state.train_loop.get_concrete_function(
           state.iterator, tf.constant(1, tf.int32), tf.constant([0.0, 0.0])),
       len(setup.strategy.extended.worker_devices))
-  loss = history["loss"]
+  columns = history.columns()
+  loss = columns["loss"]
   last = lambda a: float(a[-1]) if len(a) else None
   summary = {
       "global_step": int(state.optimizer.iterations.numpy()),
@@ -67,24 +68,26 @@ def training(task: Task, config: Config, setup: Setup, state, history,
   # A metric function's final value is its mean over the last --log_every
   # steps; a metric object's is its result over the last epoch so far.
   for name in state.objective.columns:
-    window = history[name][-config.reporting.log_every:]
+    window = columns[name][-config.reporting.log_every:]
     summary[f"final_{name}"] = float(np.mean(window)) if len(window) else None
   for name in state.objective.object_names:
-    summary[f"final_{name}"] = last(history[name])
+    summary[f"final_{name}"] = last(columns[name])
   steady_examples, steady_seconds = steady
   # Examples the task's pipeline dropped (undecodable images): the batches
   # as made minus the all-reduced count of examples the steps really had.
-  expected = state.data.expected_examples(state.start_step, len(loss))
+  expected = state.data.expected_examples(state.start_step, history.steps)
+  examples = history.totals[history.names.index("examples")]
   summary.update({
-      "skipped_images": int(expected.sum() - history["examples"].sum()),
-      "first_loss": float(loss[0]) if len(loss) else None,
-      "final_grad_norm": last(history["grad_norm"]),
+      "skipped_images": int(round(expected.sum() - examples)),
+      "first_loss": (float(history.first[history.names.index("loss")])
+                     if history.steps else None),
+      "final_grad_norm": last(columns["grad_norm"]),
       "lr_schedule": config.optimization.lr_schedule,
       "peak_learning_rate": schedules.plan(
           config.optimization, total_steps=state.total_steps,
           steps_per_epoch=state.data.steps_per_epoch,
           global_batch=setup.global_batch).peak,
-      "final_learning_rate": last(history["learning_rate"]),
+      "final_learning_rate": last(columns["learning_rate"]),
       "examples_per_sec": (steady_examples / steady_seconds
                            if steady_seconds > 0 else None),
       **run_keys(task, config, setup),
