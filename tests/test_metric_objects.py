@@ -111,11 +111,40 @@ def test_several_outputs_report_each_loss_and_metric(frozen):
   assert np.isfinite(auc[[4, 9]]).all()
 
 
+class Evaluations(engine.Hook):
+  """A user's hook: every evaluation it hears."""
+
+  def __init__(self):
+    self.seen = []
+
+  def on_eval(self, step, metrics):
+    self.seen.append((step, metrics))
+
+
 @pytest.fixture(scope="module")
 def one_replica(tmp_path_factory):
   path = tmp_path_factory.mktemp("one")
-  return engine.run(outputs_job.make_task(),
-                    config(path, 1, weights_out="weights.npz"))
+  heard = Evaluations()
+  result = engine.run(outputs_job.make_task(),
+                      config(path, 1, weights_out="weights.npz",
+                             eval_every=STEPS_PER_EPOCH,
+                             keep_best="eval_click/auc"), hooks=[heard])
+  result.heard = heard.seen
+  return result
+
+
+def test_metric_objects_reach_hooks_and_keep_best(one_replica):
+  """Each evaluation's metric objects reach a user's hook; --keep_best
+  keeps the evaluation with the highest AUC (a name without loss or error:
+  maximised)."""
+  steps = [step for step, _ in one_replica.heard]
+  assert steps == [STEPS_PER_EPOCH, 2 * STEPS_PER_EPOCH]
+  aucs = [metrics["eval_click/auc"] for _, metrics in one_replica.heard]
+  s = one_replica.summary
+  assert s["best_metric"] == "eval_click/auc"
+  assert s["best_value"] == pytest.approx(max(aucs))
+  assert s["best_step"] == steps[int(np.argmax(aucs))]
+  assert aucs[-1] == s["eval_click/auc"]
 
 
 @pytest.mark.parametrize("replicas", [2, 4])
