@@ -133,38 +133,58 @@ def check_two_worker_run(out, model_dir, steps, global_batch, entries=(),
   return summary
 
 
+# The optimizer recipe of tests/test_recipe_optimizers.py's runs (decoupled
+# weight decay, clipping by global norm, warmup + cosine), for the one
+# 2-worker launch that checks it.
+RECIPE = dict(optimizer="adamw", learning_rate=0.005, weight_decay=0.5,
+              clip_global_norm=0.4, lr_schedule="cosine", warmup_steps=1)
+
+
 def test_two_workers_match_one_replica(tmp_path):
-  """adam, --cross_device_ops=auto, gradients accumulated over 4
+  """adamw with weight decay, clipping by global norm and warmup + cosine
+  (RECIPE), --cross_device_ops=auto, gradients accumulated over 4
   micro-batches and sent in packs of at most 1024 bytes, and the chief
-  profiled (_check_profile): 2 workers x 4 micro-batches of 2 == one replica
-  with batch 16.
+  profiled (_check_profile): 2 workers x 4 micro-batches of 2 == one
+  replica with batch 16, over 2 * STEPS steps; the workers' checkpoint of
+  step STEPS resumes on 1 and 4 replicas (_resume_on_other_counts).
 
   sgd and ring without accumulation, with --strategy=multi_worker given to
   the launcher (accepted; tests/test_exits.py checks that other strategies
   are refused), are tests/test_partial_batch.py's 2-worker test, with
   partial batches: each case is a real 2-worker launch, and the suite has a
-  time budget.
+  time budget. (The recipe had a 2-worker launch of its own in
+  tests/test_recipe_optimizers.py, on the same model and global batch with
+  2 micro-batches: this one checks the same and more.)
   """
   start = time.monotonic()
+  steps = 2 * STEPS
   out = launch(tiny_flags(
-      optimizer="adam", learning_rate=lr("adam"), cross_device_ops="auto",
-      train_steps=STEPS, batch_size_per_replica=GLOBAL_BATCH // 2 // 4,
+      cross_device_ops="auto", train_steps=steps,
+      batch_size_per_replica=GLOBAL_BATCH // 2 // 4,
       model_dir=str(tmp_path / "mw"), weights_out="weights.npz",
-      collective_timeout=20) + ["--profile_steps=2,3", "--grad_accum_steps=4",
-                                "--bytes_per_pack=1024"])
+      collective_timeout=20, **RECIPE) + [
+          f"--{k}={v}" for k, v in RECIPE.items()
+          if k not in ("optimizer", "learning_rate")] + [
+              "--profile_steps=2,3", "--grad_accum_steps=4",
+              "--bytes_per_pack=1024", f"--checkpoint_every={STEPS}"])
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   packs = json.loads((tmp_path / "mw" / "summary.json").read_text())[
       "allreduce_packs"]
   assert packs >= 4  # --bytes_per_pack reached MWMS
-  summary = check_two_worker_run(out, tmp_path / "mw", STEPS, GLOBAL_BATCH,
+  summary = check_two_worker_run(out, tmp_path / "mw", steps, GLOBAL_BATCH,
                                  entries=["plugins", "worker_1"], packs=packs)
   assert re.search(r"\[worker 0\] .*Each step all-reduces 58664 gradient "
                    r"bytes \(float32\) per replica in \d+ pack", out.stdout)
+  assert summary["lr_schedule"] == "cosine"
+  assert summary["peak_learning_rate"] == pytest.approx(0.005)
   _check_profile(tmp_path / "mw", time.monotonic() - start)
   ref = run_job(tiny_config(
-      strategy="one_device", optimizer="adam", learning_rate=lr("adam"),
-      batch_size_per_replica=GLOBAL_BATCH, train_steps=STEPS,
-      model_dir=str(tmp_path / "ref")))
+      strategy="one_device", batch_size_per_replica=GLOBAL_BATCH,
+      train_steps=steps, model_dir=str(tmp_path / "ref"), **RECIPE))
+  assert max(ref.history["grad_norm"]) > RECIPE["clip_global_norm"]
+  assert ref.history["learning_rate"][0] == 0.0  # warmup from 0
+  assert summary["final_learning_rate"] == pytest.approx(
+      float(ref.history["learning_rate"][-1]), rel=1e-6)
   got = np.load(tmp_path / "mw" / "weights.npz")
   assert len(got.files) == len(ref.weights)
   for k, want in enumerate(ref.weights):
@@ -174,19 +194,14 @@ def test_two_workers_match_one_replica(tmp_path):
   diff = max(np.abs(got[f"arr_{k}"] - w).max()
              for k, w in enumerate(ref.weights))
   assert diff < 1e-5
-  _resume_on_other_counts(tmp_path)
+  _resume_on_other_counts(tmp_path, ref)
 
 
-def _resume_on_other_counts(tmp_path):
+def _resume_on_other_counts(tmp_path, ref):
   """The 2-worker checkpoint of step STEPS resumes on 1 replica and on 4,
   without --allow_resume_change (the global batch is the same), and trains
-  on as an uninterrupted one-replica run does (1 replica -> 2 workers is
-  tests/test_partial_batch.py's launch)."""
-  kw = dict(optimizer="adam", learning_rate=lr("adam"),
-            train_steps=2 * STEPS)
-  whole = run_job(tiny_config(strategy="one_device",
-                              batch_size_per_replica=GLOBAL_BATCH,
-                              model_dir=str(tmp_path / "whole"), **kw))
+  on as the uninterrupted one-replica run `ref` does (1 replica -> 2
+  workers is tests/test_partial_batch.py's launch)."""
   for replicas in (1, 4):
     to = tmp_path / f"resumed_{replicas}"
     start_from_checkpoint(tmp_path / "mw", to, STEPS)
@@ -194,20 +209,20 @@ def _resume_on_other_counts(tmp_path):
                dict(strategy="mirrored", cpu_devices=replicas))
     resumed = run_job(tiny_config(
         batch_size_per_replica=GLOBAL_BATCH // replicas, model_dir=str(to),
-        **devices, **kw))
+        train_steps=2 * STEPS, **devices, **RECIPE))
     assert resumed.summary["start_step"] == STEPS
     assert resumed.summary["num_replicas"] == replicas
-    np.testing.assert_allclose(resumed.losses, whole.losses[STEPS:],
+    np.testing.assert_allclose(resumed.losses, ref.losses[STEPS:],
                                rtol=1e-5, atol=1e-5)
-    for got, want in zip(resumed.weights, whole.weights):
+    for got, want in zip(resumed.weights, ref.weights):
       np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 def _check_profile(model_dir, seconds):
   """Every worker ends host calls at --profile_steps (2,3: calls of steps 1,
-  2-3, 4 instead of 1-3, 4 with --steps_per_loop=3), or the two wait on
-  different collectives until --collective_timeout (20 s: the run would fail
-  with exit 3); each traces steps 2-3, the chief into model_dir and worker 1
+  2-3, 4, ... instead of 1-3, 4, ... with --steps_per_loop=3), or the two
+  wait on different collectives until --collective_timeout (20 s: the run
+  would fail with exit 3); each traces steps 2-3, the chief into model_dir and worker 1
   into model_dir/worker_1, and each trace holds those two steps' gradient
   all-reduces (what benchmarks.worker_skew reads)."""
   from benchmarks import worker_skew  # pylint: disable=g-import-not-at-top

@@ -3,18 +3,16 @@
 Parity: each optimizer with decoupled weight decay, clipping by global norm
 and a warmup + cosine schedule under gradient accumulation gives the weights
 of one replica on 2 and 4 replicas (a second reduction, or clipping each
-replica's own gradient, would not) and on 2 workers through the launcher.
+replica's own gradient, would not). On 2 workers through the launcher:
+adamw with that recipe is tests/test_multi_worker.py's
+test_two_workers_match_one_replica (its one launch also accumulates, packs
+and profiles).
 """
-import json
-import subprocess
-import sys
-
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import ROOT, run_job, tiny_config
 import engine
 from engine.core.optimizers import create_optimizer
 
@@ -187,34 +185,3 @@ def test_clipping_under_float16_loss_scaling_uses_unscaled_norms(tmp_path):
                                           got.weights)]
   norm = np.sqrt(sum(float((u.astype(np.float64) ** 2).sum()) for u in update))
   assert norm == pytest.approx(lr * clip, rel=1e-4)
-
-
-def test_two_workers_match_one_replica(tmp_path):
-  """adamw + weight decay + clipping + warmup/cosine + accumulation."""
-  flags = dict(model="small_cnn", image_size=32, synthetic_examples=128,
-               seed=7, train_steps=4, steps_per_loop=2, optimizer="adamw",
-               learning_rate=0.005, weight_decay=0.5, clip_global_norm=0.4,
-               lr_schedule="cosine", warmup_steps=1, grad_accum_steps=2)
-  out = subprocess.run(
-      [sys.executable, "-m", "engine.launch", "--num_workers=2", "--",
-       *[f"--{k}={v}" for k, v in flags.items()],
-       "--batch_size_per_replica=4", f"--model_dir={tmp_path / 'mw'}",
-       "--weights_out=weights.npz", "--noexport"],
-      cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
-  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-  summary = json.loads((tmp_path / "mw" / "summary.json").read_text())
-  assert summary["num_workers"] == 2 and summary["global_batch_size"] == 16
-  assert summary["lr_schedule"] == "cosine"
-  assert summary["peak_learning_rate"] == pytest.approx(0.005)
-  ref = run_job(tiny_config(strategy="one_device", batch_size_per_replica=8,
-                            export=False, model_dir=str(tmp_path / "ref"),
-                            **flags))
-  assert max(ref.history["grad_norm"]) > 0.4  # clipping engaged
-  assert summary["final_learning_rate"] == pytest.approx(
-      float(ref.history["learning_rate"][-1]), rel=1e-6)
-  got = np.load(tmp_path / "mw" / "weights.npz")
-  assert len(got.files) == len(ref.weights)
-  for k, want in enumerate(ref.weights):
-    np.testing.assert_allclose(got[f"arr_{k}"], want, rtol=1e-5, atol=1e-6)
-  assert summary["final_loss"] == pytest.approx(float(ref.losses[-1]),
-                                                rel=1e-5)
