@@ -75,11 +75,11 @@ def assert_same(result, reference, tol=1e-5):
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
 
 
-def test_rank1_outputs_and_labels_train_as_fit_takes_them(tmp_path):
+def test_rank1_outputs_and_labels_train_as_fit_takes_them(tmp_path,
+                                                          one_replica):
   """[batch] outputs and labels with a Keras loss and metric function made
   for `fit` give one value per example: the same run as [batch, 1]."""
-  rank1 = engine.run(regression_task(rank1=True),
-                     config(tmp_path / "a", 1))
+  rank1 = one_replica()  # regression_task(rank1=True) on 1 replica
   column = engine.run(regression_task(rank1=False),
                       config(tmp_path / "b", 1))
   np.testing.assert_array_equal(rank1.losses, column.losses)
