@@ -10,6 +10,7 @@ import time
 import pytest
 
 from conftest import ROOT, engine_cmd, job, run_job
+import engine
 from engine.launch import free_ports
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT)
@@ -32,11 +33,16 @@ def one_error_line(out):
 
 
 def test_unwritable_export_dir_is_refused_before_training(tmp_path):
-  out = run(engine_cmd(*TINY, "--train_steps=2", "--export",
-                       "--export_dir=/proc/x", f"--model_dir={tmp_path}"))
-  assert out.returncode == 2
-  assert one_error_line(out).startswith(
-      "error: --export_dir=/proc/x: cannot be written")
+  """A ConfigError found by the run (engine/core/roles.py), checked
+  in-process: the command line prints it as one line, exit 2, as
+  tests/test_cli.py's unwritable --model_dir run shows for the same check."""
+  with pytest.raises(engine.ConfigError) as caught:
+    run_job(job(model="small_cnn", image_size=32, synthetic_examples=128,
+                batch_size_per_replica=8, train_steps=2, export=True,
+                export_dir="/proc/x", model_dir=str(tmp_path)))
+  line = f"error: {caught.value}"
+  assert "\n" not in line and line.startswith(
+      "error: --export_dir=/proc/x: cannot be written"), line
   assert os.listdir(tmp_path) == []  # nothing trained, nothing written
 
 

@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 import engine
+from test_multi_worker import start_from_checkpoint
 
 # 34 examples in global batches of 16: each epoch ends with a batch of 2, so
 # on 4 replicas two replicas get no example at all.
@@ -75,11 +76,11 @@ def assert_same(result, reference, tol=1e-5):
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
 
 
-def test_rank1_outputs_and_labels_train_as_fit_takes_them(tmp_path):
+def test_rank1_outputs_and_labels_train_as_fit_takes_them(tmp_path,
+                                                          one_replica):
   """[batch] outputs and labels with a Keras loss and metric function made
   for `fit` give one value per example: the same run as [batch, 1]."""
-  rank1 = engine.run(regression_task(rank1=True),
-                     config(tmp_path / "a", 1))
+  rank1 = one_replica()  # regression_task(rank1=True) on 1 replica
   column = engine.run(regression_task(rank1=False),
                       config(tmp_path / "b", 1))
   np.testing.assert_array_equal(rank1.losses, column.losses)
@@ -215,24 +216,41 @@ def random_reference(tmp_path_factory):
                     config(tmp_path_factory.mktemp("random"), 1))
 
 
+@pytest.fixture(scope="module")
+def random_two_replicas(tmp_path_factory):
+  """The 2-replica run, also saving the mid-epoch step the resume test
+  starts from (RESUME_AT)."""
+  model_dir = tmp_path_factory.mktemp("random_2")
+  result = engine.run(random_layers_task(), config(
+      model_dir, 2, checkpoint_every=RESUME_AT))
+  return result, model_dir / "r2"
+
+
+RESUME_AT = 4  # mid-epoch: epochs of 16, 16, 2 examples
+
+
 @pytest.mark.parametrize("replicas", [2, 4])
 def test_randomness_inside_the_model_is_keyed_by_example(
-    tmp_path, random_reference, replicas):
-  result = engine.run(random_layers_task(), config(tmp_path, replicas))
+    tmp_path, random_reference, random_two_replicas, replicas):
+  result = (random_two_replicas[0] if replicas == 2 else
+            engine.run(random_layers_task(), config(tmp_path, replicas)))
   assert result.summary["replica_dependent_randomness"] == []
   assert_same(result, random_reference)
 
 
-def test_randomness_inside_the_model_resumes_exactly(tmp_path,
-                                                     random_reference):
+def test_randomness_inside_the_model_resumes_exactly(
+    tmp_path, random_reference, random_two_replicas):
   """Stopped at step 4 (mid-epoch) and resumed, on 2 replicas: the draws
-  of steps 5 and 6 are the uninterrupted run's."""
-  first = engine.run(random_layers_task(), config(tmp_path, 2,
-                                                  train_steps=4))
-  assert first.summary["global_step"] == 4
+  of steps 5 and 6 are the uninterrupted run's. The stop is the 2-replica
+  run's checkpoint of step 4, the state a run stopped there saves
+  (test_multi_worker.start_from_checkpoint; one run fewer than training
+  the first 4 steps again)."""
+  resumed_dir = tmp_path / "r2"
+  start_from_checkpoint(random_two_replicas[1], resumed_dir, RESUME_AT)
   resumed = engine.run(random_layers_task(), config(tmp_path, 2))
-  assert resumed.summary["start_step"] == 4
-  np.testing.assert_allclose(resumed.losses, random_reference.losses[4:],
+  assert resumed.summary["start_step"] == RESUME_AT
+  np.testing.assert_allclose(resumed.losses,
+                             random_reference.losses[RESUME_AT:],
                              rtol=1e-5, atol=1e-5)
   for got, want in zip(resumed.weights, random_reference.weights):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
