@@ -1,7 +1,5 @@
-"""The recipe beats a constant learning rate on real data (scikit-learn's
-digits): benchmarks/recipe.py, reduced to 3000 steps.
-
-scikit-learn comes with the `test` extra (`make test` installs it).
+"""The recipe beats a constant learning rate on real data (the UCI digits
+in benchmarks/data/digits.npz): benchmarks/recipe.py, reduced to 3000 steps.
 """
 from benchmarks import recipe
 
