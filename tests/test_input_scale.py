@@ -190,8 +190,18 @@ def test_each_worker_decodes_its_share_of_the_evaluation(images, tfds_dir):
     decode.counter.enabled = False
 
 
-def test_corrupt_images_are_skipped_counted_named_and_parity(images,
-                                                            tmp_path, capfd):
+@pytest.fixture(scope="module")
+def two_steps_on_bad(images, tmp_path_factory):
+  """The model_dir of 2 steps on the folder with BAD planted (its
+  checkpoint of step 2): where the resume test goes on from, and what the
+  evaluation test evaluates."""
+  model_dir = tmp_path_factory.mktemp("two_steps")
+  run_job(_job(images[1], model_dir, train_steps=2))
+  return model_dir
+
+
+def test_corrupt_images_are_skipped_counted_named_and_parity(
+    images, two_steps_on_bad, tmp_path, capfd):  # pylint: disable=redefined-outer-name
   _, bad = images
   one = run_job(_job(bad, tmp_path / "one", weights_out="w.npz"))
   four = run_job(_job(bad, tmp_path / "four", strategy="mirrored",
@@ -208,7 +218,7 @@ def test_corrupt_images_are_skipped_counted_named_and_parity(images,
     assert os.path.join(bad, name) in err
   assert "warning: skipped image(s) that cannot be decoded" in err
   # Resume stays exact: 2 steps, then the rest, gives the same weights.
-  run_job(_job(bad, tmp_path / "resume", train_steps=2))
+  mw.start_from_checkpoint(two_steps_on_bad, tmp_path / "resume", 2)
   resumed = run_job(_job(bad, tmp_path / "resume"))
   for k, w in enumerate(one.weights):
     np.testing.assert_allclose(resumed.weights[k], w, rtol=1e-6, atol=1e-7)
@@ -316,14 +326,13 @@ def test_two_workers_skip_the_same_images_and_match_one_replica(images,
 
 
 def test_evaluation_is_the_same_on_one_replica_two_replicas_and_two_workers(
-    images, tmp_path):
+    images, two_steps_on_bad, tmp_path):  # pylint: disable=redefined-outer-name
   # Evaluation of one checkpoint on the folder with BAD planted: 35 of 38
   # images decode, in global batches of 8, 8, 8, 8 and a partial 6 (3 and 3
   # rows on 2 replicas or workers, two of worker 1's dropped as undecodable).
   _, bad = images
   good = len(folder.list_images(f"folder:{bad}").paths) - len(BAD)
-  run_job(_job(bad, tmp_path / "train", train_steps=2))
-  ckpt = str(tmp_path / "train" / "checkpoints")
+  ckpt = str(two_steps_on_bad / "checkpoints" / "ckpt-2")
   ev = dict(mode="eval", checkpoint=ckpt, eval_split="train")
   one = run_job(_job(bad, tmp_path / "one", **ev)).summary
   two = run_job(_job(bad, tmp_path / "two", strategy="mirrored",
