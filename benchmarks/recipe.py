@@ -9,7 +9,7 @@ CC BY 4.0, in the order scikit-learn's `load_digits` gives them) are
 benchmarks/data/digits.npz (`images` [1797, 8, 8] uint8, `labels` [1797]
 uint8; written from scikit-learn 1.9.1's copy, so nothing is downloaded and
 scikit-learn need not be installed: where it is, Keras imports it with
-TensorFlow, a second more for every process that starts TensorFlow). They
+TensorFlow, 0.9 s more for every process that starts TensorFlow). They
 are written once as a `--dataset=folder:` data set (one sub-directory per
 class, PNG files in that order). The
 folder source interleaves the classes round-robin, so `train[:80%]` and
