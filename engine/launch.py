@@ -34,6 +34,9 @@ from engine.errors import ExitCode
 
 # How long stopped workers get to exit after SIGTERM before SIGKILL.
 _GRACE_SECONDS = 10.0
+# How long, after workers ended with CLUSTER (they lost a peer), the launcher
+# waits for the peer that caused it to end, so that it names that one.
+_CAUSE_SECONDS = 3.0
 # A worker's exit status after a coordinated preemption checkpoint.
 PREEMPTED = ExitCode.PREEMPTED
 
@@ -84,6 +87,39 @@ def _stop(procs):
     except subprocess.TimeoutExpired:
       os.killpg(p.pid, signal.SIGKILL)
       p.wait(5)
+
+
+def _failure_line(failed) -> str:
+  """Names the worker whose end caused the others' (`failed`: the (index,
+  code) pairs one poll found ended with a code other than 0).
+
+  A worker that loses its peer ends with CLUSTER within a fraction of a
+  second, so one poll may find both it and the peer that was killed: the
+  cause is a worker ended by a signal (a negative code), else one that did
+  not end with CLUSTER, else the first.
+  """
+  failed = sorted(failed, key=lambda f: (f[1] >= 0, f[1] == ExitCode.CLUSTER))
+  (i, code), rest = failed[0], failed[1:]
+  line = f"launcher: worker {i} exited with code {code}; stopped the others."
+  if rest:
+    line += " (" + "; ".join(f"worker {j} had exited with code {c}"
+                             for j, c in rest) + ")"
+  return line
+
+
+def _wait_for_cause(procs):
+  """The failed (index, code) pairs once a worker that did not end with
+  CLUSTER has ended too, or after _CAUSE_SECONDS: a worker that crashes
+  (a C++ abort writes a stack dump first) may be reaped after the peer that
+  lost it."""
+  deadline = time.monotonic() + _CAUSE_SECONDS
+  while True:
+    failed = [(i, p.poll()) for i, p in enumerate(procs)
+              if p.poll() not in (None, 0)]
+    if (time.monotonic() > deadline or
+        any(c != ExitCode.CLUSTER for _, c in failed)):
+      return failed
+    time.sleep(0.05)
 
 
 def _wait_all(procs, timeout: float, interrupted):
@@ -172,12 +208,12 @@ def launch(num_workers: int, engine_flags, cpu_pinning: bool = False,
                           f"{PREEMPTED} (preempted)")
       failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
       if failed:
-        i, code = failed[0]
+        if all(c == ExitCode.CLUSTER for _, c in failed):
+          failed = _wait_for_cause(procs)
         _stop(procs)
         for t in pumps:
           t.join(2)
-        print(f"launcher: worker {i} exited with code {code}; stopped the "
-              "others.", file=sys.stderr, flush=True)
+        print(_failure_line(failed), file=sys.stderr, flush=True)
         return ExitCode.FAILED
       if all(c == ExitCode.DONE for c in codes):
         for t in pumps:

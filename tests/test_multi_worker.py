@@ -22,6 +22,7 @@ from conftest import ROOT, engine_cmd, run_job, tiny_config
 from engine.distribute import cluster
 from engine.host import memory
 from engine.errors import ConfigError
+from engine import launch as launcher
 from engine.launch import free_ports
 
 GLOBAL_BATCH = 16
@@ -466,6 +467,44 @@ def test_two_diverging_workers_stop_and_the_launcher_fails(tmp_path):
   assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
   assert "training diverged" in out.stdout
   assert "launcher: restart" not in out.stderr
+
+
+@pytest.mark.parametrize("failed,cause", [
+    ([(1, -9)], "worker 1 exited with code -9"),
+    # The chief lost its peer (3) and the poll found it ended beside the
+    # SIGKILLed worker: the killed one is named, the other in brackets.
+    ([(0, 3), (1, -9)], "worker 1 exited with code -9"),
+    ([(0, 3), (1, 4)], "worker 1 exited with code 4"),
+    ([(0, 1), (1, -6)], "worker 1 exited with code -6"),
+    ([(0, 3), (1, 3)], "worker 0 exited with code 3")])
+def test_launcher_names_the_worker_that_failed_first(failed, cause):
+  line = launcher._failure_line(failed)
+  assert line.startswith(f"launcher: {cause}; stopped the others."), line
+  others = [f"worker {i} had exited with code {c}" for i, c in failed
+            if not cause.startswith(f"worker {i} ")]
+  assert line.endswith(f" ({'; '.join(others)})" if others else "others."), (
+      line)
+
+
+def test_launcher_waits_for_the_worker_that_crashed():
+  # Worker 0 lost its peer and ended with CLUSTER (3) before the peer, still
+  # writing its stack dump, was reaped: the launcher waits for it (at most
+  # launcher._CAUSE_SECONDS), so the line names the crash, not its echo.
+  workers = ("import sys; sys.exit(3)",
+             "import os, time; time.sleep(0.5); os.abort()",
+             "import time; time.sleep(60)")
+  procs = [subprocess.Popen([sys.executable, "-c", w], start_new_session=True)
+           for w in workers]
+  try:
+    procs[0].wait(30)
+    assert launcher._wait_for_cause(procs) == [(0, 3), (1, -signal.SIGABRT)]
+    # No other end within the bound: the CLUSTER codes alone.
+    start = time.monotonic()
+    assert launcher._wait_for_cause([procs[0], procs[2]]) == [(0, 3)]
+    assert (launcher._CAUSE_SECONDS <= time.monotonic() - start <
+            launcher._CAUSE_SECONDS + 2)
+  finally:
+    _kill(procs)
 
 
 def test_launcher_restarts_after_a_lost_worker(tmp_path):
