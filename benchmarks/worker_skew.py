@@ -5,8 +5,10 @@
 
 Launches 2 workers pinned to one core each (`engine.launch --cpu_pinning`,
 MobileNetV2 64x64, 64 per replica, as benchmarks.scaling's (c)) with
-`--profile_steps`, which traces every worker (worker 1 into
-model_dir/worker_1), and reads both traces. Both workers run on this host,
+`--profile_steps --profile_all_workers`, which traces every worker (worker 1
+into model_dir/worker_1), and reads both traces. (TensorFlow 2.21's profiler
+can crash worker 1 as its trace stops, engine/report/profiler.py: the run
+then fails and is run again.) Both workers run on this host,
 so their trace clocks are one clock. Per traced step it takes each worker's
 gradient all-reduce (the step's last-ending CollectiveReduceV2 in the
 training loop) and prints the medians of:
@@ -85,7 +87,7 @@ def launch(args, model_dir):
   cmd = [sys.executable, "-m", "engine.launch", "--num_workers=2",
          "--cpu_pinning", "--", "--cross_device_ops=ring",
          *scaling.engine_flags(args, model_dir),
-         f"--profile_steps={first},{last}"]
+         f"--profile_steps={first},{last}", "--profile_all_workers"]
   proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
                         timeout=args.timeout, check=False)
   if proc.returncode:

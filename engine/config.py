@@ -378,6 +378,11 @@ class ReportingConfig:
   profile_steps: Tuple[int, ...] = option(
       (), "START,END: capture a TensorFlow profiler trace of these steps "
       "into model_dir/plugins/profile.")
+  profile_all_workers: bool = option(
+      False, "With --profile_steps on multi_worker, also trace workers k > 0 "
+      "(into model_dir/worker_k, what benchmarks.worker_skew reads). Off by "
+      "default: TensorFlow 2.21's profiler can crash a non-chief worker as "
+      "its trace stops.")
   export: bool = option(
       True, "At the end, write model.keras and a serving SavedModel to "
       "--export_dir.")

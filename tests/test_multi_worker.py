@@ -173,7 +173,7 @@ def test_two_workers_match_one_replica(tmp_path):
       "allreduce_packs"]
   assert packs >= 4  # --bytes_per_pack reached MWMS
   summary = check_two_worker_run(out, tmp_path / "mw", steps, GLOBAL_BATCH,
-                                 entries=["plugins", "worker_1"], packs=packs)
+                                 entries=["plugins"], packs=packs)
   assert re.search(r"\[worker 0\] .*Each step all-reduces 58664 gradient "
                    r"bytes \(float32\) per replica in \d+ pack", out.stdout)
   assert summary["lr_schedule"] == "cosine"
@@ -223,25 +223,21 @@ def _check_profile(model_dir, seconds):
   """Every worker ends host calls at --profile_steps (2,3: calls of steps 1,
   2-3, 4, ... instead of 1-3, 4, ... with --steps_per_loop=3), or the two
   wait on different collectives until --collective_timeout (20 s: the run
-  would fail with exit 3); each traces steps 2-3, the chief into model_dir and worker 1
-  into model_dir/worker_1, and each trace holds those two steps' gradient
-  all-reduces (what benchmarks.worker_skew reads)."""
+  would fail with exit 3); the chief traces steps 2-3 into model_dir, and
+  its trace holds those two steps' gradient all-reduces, one after the other
+  (what benchmarks.worker_skew reads). Worker 1 traces nothing without
+  --profile_all_workers (check_two_worker_run: no model_dir/worker_1), and
+  nothing of its trace hook crashed it (TensorFlow 2.21's profiler can, on
+  a non-chief worker: engine/report/profiler.py)."""
   from benchmarks import worker_skew  # pylint: disable=g-import-not-at-top
   assert seconds < 100
-  spans = []
-  for trace_dir in (model_dir, model_dir / "worker_1"):
-    runs = os.listdir(trace_dir / "plugins" / "profile")
-    assert len(runs) == 1
-    files = os.listdir(trace_dir / "plugins" / "profile" / runs[0])
-    assert any(f.endswith(".xplane.pb") for f in files), files
-    spans.append(worker_skew.gradient_all_reduces(
-        str(trace_dir / "plugins"), steps=2))
-  # Step 3's all-reduce starts after step 2's on both, and the two workers'
-  # all-reduces of a step overlap (one clock: both run on this host).
-  for (s2, e2), (s3, e3) in spans:
-    assert e2 <= s3 < e3
-  (a, b), (c, d) = spans[0][1], spans[1][1]
-  assert max(a, c) < min(b, d)
+  runs = os.listdir(model_dir / "plugins" / "profile")
+  assert len(runs) == 1
+  files = os.listdir(model_dir / "plugins" / "profile" / runs[0])
+  assert any(f.endswith(".xplane.pb") for f in files), files
+  (s2, e2), (s3, e3) = worker_skew.gradient_all_reduces(
+      str(model_dir / "plugins"), steps=2)
+  assert e2 <= s3 < e3
 
 
 def _wait_for(proc_lines, pattern, deadline):

@@ -106,6 +106,36 @@ def test_profile_hook_ends_host_calls_at_start_and_end(tmp_path):
   assert not os.listdir(tmp_path)  # constructing traces nothing
 
 
+@pytest.mark.parametrize("chief,all_workers,traces", [
+    (True, False, True), (False, False, False), (False, True, True)])
+def test_only_the_chief_traces_unless_profile_all_workers(
+    tmp_path, chief, all_workers, traces):
+  # A non-chief worker still cuts its host calls at START and END (its
+  # collectives must match the chief's) but traces only with
+  # --profile_all_workers: TensorFlow 2.21's profiler can crash a non-chief
+  # worker as its trace stops (engine/report/profiler.py).
+  from absl import logging  # pylint: disable=g-import-not-at-top
+  from engine.config import ReportingConfig  # pylint: disable=g-import-not-at-top
+  from engine.report import profiler, reporting  # pylint: disable=g-import-not-at-top
+  verbosity = logging.get_verbosity()
+  try:
+    hooks = reporting.make_hooks(
+        ReportingConfig(profile_steps=(2, 3), profile_all_workers=all_workers,
+                        summary_every=0),
+        chief=chief, output_dir=str(tmp_path / "out"),
+        profile_dir=str(tmp_path / "trace"), start_step=0, total_steps=6,
+        steps_per_epoch=6, names=NAMES)
+  finally:
+    logging.set_verbosity(verbosity)
+  hook, = [h for h in hooks if isinstance(h, profiler.ProfileHook)]
+  assert [hook.next_stop(s) for s in range(5)] == [1, 3, 3, float("inf"),
+                                                  float("inf")]
+  hook.after_loop(1, None, 0.1)
+  tf.reduce_sum(tf.ones([4])).numpy()  # something to trace
+  hook.after_loop(3, None, 0.1)
+  assert os.path.isdir(tmp_path / "trace" / "plugins" / "profile") == traces
+
+
 @pytest.mark.parametrize("steps", [(0, 3), (4, 3), (3,)])
 def test_bad_profile_steps_are_refused(steps):
   with pytest.raises(ConfigError, match="--profile_steps="):

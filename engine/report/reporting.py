@@ -21,7 +21,8 @@ def make_hooks(config: ReportingConfig, *, chief: bool, output_dir: str,
 
   On workers other than the chief, logging is lowered to warnings and errors
   and the hooks write nothing, so N workers print one copy of the progress;
-  with --profile_steps every worker traces, into `profile_dir`.
+  with --profile_steps the chief traces into `profile_dir`, and with
+  --profile_all_workers every worker does, each into its own.
   """
   if not chief:
     logging.set_verbosity(logging.WARNING)
@@ -34,7 +35,8 @@ def make_hooks(config: ReportingConfig, *, chief: bool, output_dir: str,
   ]
   if config.profile_steps:
     hook_list.append(profiler.ProfileHook(
-        profile_dir, config.profile_steps, start_step))
+        profile_dir, config.profile_steps, start_step,
+        trace=chief or config.profile_all_workers))
   return hook_list
 
 
