@@ -65,61 +65,6 @@ def test_generator_kernel_maps_every_large_tensor_until_tuned():
   assert faults["after_tuning"] < faults["tf"] / 10
 
 
-# Malloc arenas after 16 threads, all alive at once, each allocated a block
-# (glibc gives a thread that has none a new arena, up to its limit).
-_ARENAS = r"""
-import ctypes, os, sys, tempfile, threading
-sys.path.insert(0, sys.argv[1])
-from engine.host import memory
-
-if sys.argv[2] == "tuned":  # as engine.configure_host, then the setup
-  assert memory.cap_arenas()
-  assert memory.tune_malloc()
-libc = memory.glibc()
-libc.malloc.restype = libc.fopen.restype = ctypes.c_void_p
-libc.free.argtypes = libc.fclose.argtypes = [ctypes.c_void_p]
-libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
-allocated, done = threading.Barrier(17), threading.Barrier(17)
-
-def work():
-  block = libc.malloc(4096)
-  allocated.wait(60)
-  done.wait(60)
-  libc.free(block)
-
-threads = [threading.Thread(target=work) for _ in range(16)]
-for t in threads:
-  t.start()
-allocated.wait(60)
-path = os.path.join(tempfile.mkdtemp(), "info.xml")
-fp = libc.fopen(path.encode(), b"w")
-libc.malloc_info(0, fp)
-libc.fclose(fp)
-done.wait(60)
-for t in threads:
-  t.join()
-print(open(path).read().count("<heap nr="))
-"""
-
-
-@pytest.mark.skipif(memory.glibc() is None, reason="mallopt is glibc's")
-def test_tuning_caps_malloc_arenas_at_one_per_core():
-  # glibc's default allows 8 arenas per core; each arena fragments on its own
-  # (the mirrored soak's first 10 minutes: engine/host/memory.py).
-  def arenas(mode):
-    out = subprocess.run(
-        [sys.executable, "-c", _ARENAS, ROOT, mode], capture_output=True,
-        text=True, timeout=120, check=False,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
-    assert out.returncode == 0, out.stderr[-3000:]
-    return int(out.stdout.strip().splitlines()[-1])
-  limit = memory.arena_limit()
-  assert limit == max(2, len(os.sched_getaffinity(0)))
-  assert arenas("tuned") <= limit
-  # Without the cap, the 16 threads make more (up to 8 per core).
-  assert arenas("default") > limit
-
-
 def test_training_reports_whether_malloc_was_tuned(tmp_path):
   tuned = run_job(tiny_config(strategy="one_device", train_steps=2,
                                   model_dir=str(tmp_path / "on")))

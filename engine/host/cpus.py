@@ -8,7 +8,6 @@ import tensorflow as tf
 
 from engine.config import Config
 from engine.errors import flag_error
-from engine.host import memory
 
 
 def configure_host(config: Config) -> None:
@@ -23,8 +22,6 @@ def configure_host(config: Config) -> None:
     ConfigError: TensorFlow already started with fewer logical CPUs, or the
       cluster cannot be joined.
   """
-  if config.host.malloc_tuning:
-    memory.cap_arenas()  # before TensorFlow starts its threads
   split_cpu(config.distribution.cpu_devices)
   if config.distribution.strategy == "multi_worker":
     from engine.distribute import cluster  # pylint: disable=g-import-not-at-top

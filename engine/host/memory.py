@@ -29,22 +29,9 @@ The price of keeping blocks: freed memory stays in the process's heaps
 threshold), and fragmentation made the resident size creep up by about
 15 MiB a minute in a 10-minute soak (benchmarks/soak.py). `TrimHook` hands
 free heap pages back to the kernel with `malloc_trim(0)` every
-`TRIM_SECONDS` between host calls: about 4 ms each time. Pages that still
-hold a live block cannot be handed back, and each arena fragments on its
-own: glibc's default allows 8 arenas per core, and a training process has
-40-150 threads. With that default the 30-minute mirrored soak grew ~15 MiB
-in its first 10 minutes (+4.0%); the same job without evaluations,
-checkpoints or summaries grew 0.85 MiB a minute from minute 1 to 3 with the
-tuning, 0.15 a minute from minute 2 without it, and 0.3-0.5 with the tuning
-and MALLOC_ARENA_MAX=2. So the tuning also caps the arenas at one per core
-the process may use (at least 2): no more threads than that run at once,
-so they seldom wait for an arena's lock. glibc gives each new thread an
-arena of its own until the cap, and TensorFlow starts its thread pools with
-its runtime, so `cap_arenas` must run before TensorFlow's first op
-(`engine.configure_host` calls it; `tune_malloc` calls it again for runs
-that did not, where it holds only for threads started later).
+`TRIM_SECONDS` between host calls: about 4 ms each time, and the resident
+size stays flat.
 """
-import os
 import ctypes
 import time
 from typing import Optional
@@ -56,7 +43,6 @@ from engine.hooks import Hook
 
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
-M_ARENA_MAX = -8
 # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit (4 MiB * sizeof(long)): the
 # largest value its dynamic threshold reaches and mallopt accepts.
 MMAP_THRESHOLD = 32 << 20
@@ -76,27 +62,13 @@ def glibc() -> Optional[ctypes.CDLL]:
   return libc
 
 
-def arena_limit() -> int:
-  """One malloc arena per core this process may use, at least 2."""
-  return max(2, len(os.sched_getaffinity(0)))
-
-
-def cap_arenas() -> bool:
-  """Caps glibc's malloc arenas at `arena_limit()`; True if glibc took it.
-  The arenas made before the call stay."""
-  libc = glibc()
-  return libc is not None and libc.mallopt(M_ARENA_MAX, arena_limit()) == 1
-
-
 def tune_malloc() -> bool:
-  """Sets the mmap and trim thresholds and the arena cap above; True if
-  glibc took them."""
+  """Sets the mmap and trim thresholds above; True if glibc took them."""
   libc = glibc()
   if libc is None:
     logging.info("Host memory: the C library is not glibc; malloc left as "
                  "it is.")
     return False
-  capped = cap_arenas()  # before the data set below starts TF's threads
   # TF's one-time mallopt runs when the first GeneratorDataset kernel is
   # built, which is when a generator data set is first iterated; iterating
   # an empty one here makes it run now, before ours.
@@ -104,13 +76,11 @@ def tune_malloc() -> bool:
       lambda: iter(()), output_signature=tf.TensorSpec([], tf.int32)):
     pass
   ok = (libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and
-        libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1 and capped)
+        libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1)
   logging.info(
-      "Host memory: glibc mmap threshold %d MiB, trim threshold %d MiB, at "
-      "most %d malloc arenas (TensorFlow's threshold is 128 KiB; "
-      "--nomalloc_tuning keeps it and glibc's 8 arenas per core)%s.",
-      MMAP_THRESHOLD >> 20, TRIM_THRESHOLD >> 20, arena_limit(),
-      "" if ok else ": REFUSED")
+      "Host memory: glibc mmap threshold %d MiB, trim threshold %d MiB "
+      "(TensorFlow's is 128 KiB; --nomalloc_tuning keeps it)%s.",
+      MMAP_THRESHOLD >> 20, TRIM_THRESHOLD >> 20, "" if ok else ": REFUSED")
   return ok
 
 
