@@ -82,8 +82,9 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
 
 def profile_dir(model_dir: str, setup: Setup) -> str:
   """Where --profile_steps traces go: model_dir on the chief, and on worker
-  k > 0 (with --profile_all_workers) model_dir/worker_k, its own folder (TensorBoard shows it as the run
-  "worker_k"), so that a slow worker can be told apart from a slow network."""
+  k > 0 (with --profile_all_workers) model_dir/worker_k, its own folder
+  (TensorBoard shows it as the run "worker_k"), so that a slow worker can be
+  told apart from a slow network."""
   if setup.chief:
     return setup.output_dir
   resolver = setup.strategy.cluster_resolver
