@@ -114,8 +114,8 @@ def _wait_for_cause(procs):
   lost it."""
   deadline = time.monotonic() + _CAUSE_SECONDS
   while True:
-    failed = [(i, p.poll()) for i, p in enumerate(procs)
-              if p.poll() not in (None, 0)]
+    failed = [(i, c) for i, c in enumerate(p.poll() for p in procs)
+              if c not in (None, 0)]
     if (time.monotonic() > deadline or
         any(c != ExitCode.CLUSTER for _, c in failed)):
       return failed

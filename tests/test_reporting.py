@@ -6,15 +6,17 @@ import subprocess
 import sys
 import time
 
+from absl import logging
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from conftest import (ROOT, engine_cmd, read_scalars, run_job,
                       tiny_config)
+from engine.config import ReportingConfig
 from engine.hooks import Rows
 from engine.errors import ConfigError
-from engine.report import export, tensorboard
+from engine.report import export, profiler, reporting, tensorboard
 
 NAMES = ("loss", "examples", "grad_norm", "learning_rate", "accuracy")
 
@@ -93,7 +95,6 @@ def test_profile_hook_ends_host_calls_at_start_and_end(tmp_path):
   # Every worker cuts its host calls at the same steps (each call ends in a
   # collective that all workers join): where depends only on START, END and
   # the step the run starts from.
-  from engine.report import profiler  # pylint: disable=g-import-not-at-top
   stops = {start_step: [profiler.ProfileHook(str(tmp_path), (3, 5),
                                              start_step).next_stop(s)
                         for s in range(7)]
@@ -114,9 +115,6 @@ def test_only_the_chief_traces_unless_profile_all_workers(
   # collectives must match the chief's) but traces only with
   # --profile_all_workers: TensorFlow 2.21's profiler can crash a non-chief
   # worker as its trace stops (engine/report/profiler.py).
-  from absl import logging  # pylint: disable=g-import-not-at-top
-  from engine.config import ReportingConfig  # pylint: disable=g-import-not-at-top
-  from engine.report import profiler, reporting  # pylint: disable=g-import-not-at-top
   verbosity = logging.get_verbosity()
   try:
     hooks = reporting.make_hooks(
