@@ -8,10 +8,10 @@ MobileNetV2 64x64, 64 per replica, as benchmarks.scaling's (c)) with
 `--profile_steps --profile_all_workers`, which traces every worker (worker 1
 into model_dir/worker_1), and reads both traces. (TensorFlow 2.21's profiler
 can crash worker 1 as its trace stops, engine/report/profiler.py: this
-script then exits with the launcher's failure; run it again.) Both workers run on this host,
-so their trace clocks are one clock. Per traced step it takes each worker's
-gradient all-reduce (the step's last-ending CollectiveReduceV2 in the
-training loop) and prints the medians of:
+script then exits with the launcher's failure; run it again.) Both workers
+run on this host, so their trace clocks are one clock. Per traced step it
+takes each worker's gradient all-reduce (the step's last-ending
+CollectiveReduceV2 in the training loop) and prints the medians of:
 
   compute   from the end of the previous step's all-reduce to the start of
             this one (forward, backward, update, input), per worker;

@@ -20,10 +20,10 @@ interpreter, as `python -m MODULE ...` and `python SCRIPT ...` would run
 them (runpy with that sys.argv, the exit code from SystemExit; absl's flags
 reset between them), so TensorFlow starts once per group. The training
 guide's commands on the synthetic data set run with a quarter of its
-examples (`_smaller`). The launcher's
-workers are processes of their own, as always; `engine.data.to_tfds` runs in
-its own process first (it defines flags the engine also defines). Links
-between the docs, and their #anchors, must resolve.
+examples (`_smaller`). The launcher's workers are processes of their own,
+as always; `engine.data.to_tfds` runs in its own process first (it defines
+flags the engine also defines). Links between the docs, and their
+#anchors, must resolve.
 """
 import json
 import os
@@ -243,9 +243,9 @@ def test_readme_and_the_guide_to_scripts_and_outputs_run(tmp_path):
 
 def _smaller(argv):
   """An engine.main command on the synthetic data set with a quarter of its
-  examples: every flag still runs, each epoch is 8 global batches of 64, not
-  32 (the suite's time is counted; these pages' commands count steps or
-  epochs, not examples)."""
+  2048 examples: every flag still runs, each epoch has a quarter of the
+  batches (the suite's time is counted; these pages' commands count steps
+  or epochs, not examples)."""
   if argv[:2] != ["-m", "engine.main"] or any(
       w.startswith("--dataset=") for w in argv):
     return argv
