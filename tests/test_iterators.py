@@ -8,11 +8,24 @@ threads (one abandoned inside TensorFlow aborted multi-worker processes at
 exit). The command line instead ends with `engine.ending.end`: flushed,
 cleaned up, `os._exit` (tests/test_partial_batch.py times a 2-worker
 launch's exit; tests/test_exits.py its codes).
+
+A run that ends by an exception hands them over too: nothing of them is
+left to the garbage collector, which would destroy them (and wait) in
+whatever thread it next runs, in the middle of a later run.
 """
+import gc
 import subprocess
 import sys
 import threading
 import time
+
+import engine
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.python.data.ops import iterator_ops
+from tensorflow.python.data.ops import multi_device_iterator_ops
 
 from conftest import ROOT, run_job, tiny_config
 
@@ -100,3 +113,74 @@ def test_the_command_line_ends_without_waiting_at_exit(tmp_path):
   assert out.returncode == 75, out.stderr
   assert out.stdout == "written before the exit"
   assert not (tmp_path / "scratch").exists()
+
+
+# tf.data's iterators, each owning a resource whose destructor can wait
+# (symbolic copies live in the traced functions and own nothing).
+_ITERATORS = (iterator_ops.OwnedIterator,
+              multi_device_iterator_ops.OwnedMultiDeviceIterator)
+
+
+def _live_iterators():
+  """ids of the tf.data iterators alive now that own an eager resource."""
+  def resource(o):
+    for name in ("_iterator_resource", "_multi_device_iterator_resource"):
+      if getattr(o, name, None) is not None:
+        return getattr(o, name)
+    return None
+  return {id(o) for o in gc.get_objects() if isinstance(o, _ITERATORS) and
+          isinstance(resource(o), tf.__internal__.EagerTensor)}
+
+
+class _StopAfterEvaluating(engine.Hook):
+  def on_eval(self, step, metrics):
+    raise RuntimeError(f"stopped after the evaluation at step {step}")
+
+
+def _bad_labels_task():
+  """Labels outside the model's 3 classes: the first step fails inside the
+  compiled call."""
+  x = np.random.default_rng(0).normal(size=(32, 5)).astype(np.float32)
+  return engine.Task(
+      model=lambda: keras.Sequential([keras.Input((5,)),
+                                      keras.layers.Dense(3)]),
+      inputs=lambda split, context: tf.data.Dataset.from_tensor_slices(
+          (x, np.full(32, 5, np.int32))),
+      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True,
+                                                      reduction=None),
+      name="bad_labels")
+
+
+@pytest.mark.parametrize("ending", ["a hook raises", "the first step fails"])
+def test_a_run_that_raises_leaves_no_iterator_to_the_collector(tmp_path,
+                                                               ending):
+  """With the exception still held (as a caller or a debugger holds it),
+  the run's training and evaluation iterators are already gone, dropped on
+  the run's own thread for them."""
+  from engine.core import iterators  # pylint: disable=g-import-not-at-top
+  gc.collect()
+  gc.disable()  # what is left must be left by the run, not collected late
+  try:
+    before = _live_iterators()
+    if ending == "a hook raises":
+      j = tiny_config(cpu_devices=2, eval_split="train[:32]", eval_every=3,
+                      model_dir=str(tmp_path))
+      with pytest.raises(RuntimeError, match="at step 3") as caught:
+        engine.run(j.task(), j.config, hooks=[_StopAfterEvaluating()])
+    else:
+      config = engine.Config.create(
+          cpu_devices=2, batch_size_per_replica=8, train_steps=2,
+          steps_per_loop=1, export=False, progress=False,
+          model_dir=str(tmp_path))
+      # On 2 replicas too the line names the kernel's error, not "2 root
+      # error(s) found." (engine/core/host_loop.py).
+      with pytest.raises(engine.ConfigError,
+                         match="the first training step failed: Received a "
+                         "label value of 5 which is outside") as caught:
+        engine.run(_bad_labels_task(), config)
+    iterators._join_drops()  # pylint: disable=protected-access
+    left = _live_iterators() - before
+    assert caught.value is not None and not left, (
+        f"{len(left)} iterator(s) still held after the run raised")
+  finally:
+    gc.enable()

@@ -105,9 +105,11 @@ def evaluate_checkpoint(task: Task, config: Config, setup: Setup,
       peer_messages=cluster.peer_messages(),
       name_stuck=cluster.stuck_peers_line) as watch:
     evaluator = evaluate.Evaluator(strategy, objective, model, built, watch)
-    with ema_lib.swapped(averages):
-      results = evaluator.evaluate()
-    evaluator.release()
+    try:
+      with ema_lib.swapped(averages):
+        results = evaluator.evaluate()
+    finally:  # also on an exception (engine/core/run_hooks.release_inputs)
+      evaluator.release()
     cluster.stop_watchdog()
   writer = tensorboard.SummaryHook(setup.output_dir, (),
                                    enabled=setup.chief, every=0)

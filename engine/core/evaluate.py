@@ -247,7 +247,14 @@ class EvalHook(Hook):
     if not self.results or self.results[-1][0] != summary["global_step"]:
       self._run(summary["global_step"])
     summary.update(self.results[-1][1])
-    self._evaluator.release()
+    self.release()
+
+  def release(self) -> None:
+    """Lets go of the evaluation's input iterator, off this thread
+    (engine/core/iterators.py): at `end`, or when the run ends by an
+    exception (engine/core/run.py). No evaluation may follow."""
+    if self._evaluator is not None:
+      self._evaluator.release()
 
 
 def eval_keys(objective: Objective) -> tuple:

@@ -6,6 +6,7 @@ before any hook can save it, and ends early where a hook or the workers'
 stop vote says so, at the same step on every worker. `state` is run.py's
 _State: `names`, `start_step`, `total_steps`, `train_loop`, `iterator`.
 """
+import re
 import time
 
 from absl import logging
@@ -177,9 +178,15 @@ def _host_call(state, n: int, vote, first: bool):
 def _cause(message: str) -> str:
   """The kernel's own line of a TensorFlow error message, which comes after
   "Graph execution error:" and "Detected at node ... (most recent call
-  last):" with its indented traceback."""
+  last):" with its indented traceback. On several replicas each one's
+  error is listed after "N root error(s) found." as "  (0) CODE:  line":
+  the first one's line."""
   for line in message.splitlines():
+    listed = re.match(r"\s*\(\d+\) [A-Z_]+:\s*(\S.*)", line)
+    if listed:
+      return listed.group(1).strip()[:300]
     if (not line.strip() or line[0].isspace() or
+        re.match(r"\d+ root error\(s\) found", line) or
         line.startswith(("Graph execution error", "Detected at node",
                          "<stack traces unavailable>"))):
       continue

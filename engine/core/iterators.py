@@ -19,8 +19,15 @@ after throwing an instance of ''", exit -6) after its run had finished.
 The command line does not end that way: it exits with `os._exit` once
 everything is written (engine/ending.py), so neither the wait nor the
 teardown happens.
+
+A run that ends by an exception leaves references behind: the traceback's
+frames of the TensorFlow call that raised still hold the iterator it was
+passed (`release_frames` clears them), and the evaluation hook its own
+(engine/core/run_hooks.release_inputs).
 """
 import atexit
+import os
+import sys
 import threading
 
 _THREADS = []
@@ -40,6 +47,42 @@ def drop_later(owner, name: str) -> None:
                             daemon=True)
   thread.start()
   _THREADS[:] = [t for t in _THREADS if t.is_alive()] + [thread]
+
+
+def release_frames(error: BaseException) -> None:
+  """Clears the local variables of TensorFlow's frames in the tracebacks of
+  `error` and of the exceptions it chains (its cause and context).
+
+  A `tf.function` call that raises keeps its arguments (the distributed
+  iterator) in its frames, and the traceback keeps those frames as long as
+  the exception lives, so the last reference to the iterator would go with
+  the exception, wherever the garbage collector frees it, and wait there.
+  Only frames of TensorFlow's own code are cleared, those in the traceback
+  and their callers: the lines of the traceback stay, and the user's and
+  the engine's frames keep their variables for a debugger.
+  """
+  package = os.path.dirname(sys.modules["tensorflow"].__file__) + os.sep
+  pending, seen = [error], set()
+  while pending:
+    e = pending.pop()
+    if e is None or id(e) in seen:
+      continue
+    seen.add(id(e))
+    tb = e.__traceback__
+    while tb is not None:
+      # TensorFlow shortens its tracebacks to the frame that raised; the
+      # frames that called it (tf.function's, holding the arguments) are
+      # reached through each frame's caller.
+      frame = tb.tb_frame
+      while frame is not None:
+        if frame.f_code.co_filename.startswith(package):
+          try:
+            frame.clear()
+          except RuntimeError:  # still running: not one the error left
+            pass
+        frame = frame.f_back
+      tb = tb.tb_next
+    pending.extend((e.__cause__, e.__context__))
 
 
 @atexit.register

@@ -90,6 +90,9 @@ def run(task: Task, config: Config, *, hooks: Sequence[hooks_lib.Hook] = (),
   state = build_state(task, config, setup)
   try:
     return _train(task, config, setup, state, hooks, callbacks)
+  except BaseException as error:
+    iterators.release_frames(error)  # before the iterator is dropped
+    raise
   finally:
     # Not on this thread: dropping the input iterator can wait up to a
     # minute for tf.data's autotuning thread (engine/core/iterators.py).
@@ -114,19 +117,27 @@ def _train(task: Task, config: Config, setup: Setup, state: State,
     state.callbacks = callbacks
     hook_list = run_hooks.make_hooks(task, config, setup, state, watch, hooks,
                                      stop)
-    loop_pace = pace.Pace(config.loop.steps_per_loop)
-    with hooks_lib.closing(hook_list):
-      history, steady, stopped = host_loop.train(
-          state, loop_pace, hook_list, watch, stop)
-    cluster.stop_watchdog()  # the last collective is done; peers may exit
-    summary = summary_lib.training(task, config, setup, state, history,
-                                   steady)
-    summary.update(stopped)
-    summary.update(steps_per_loop=loop_pace.steps,
-                   steps_per_loop_auto=loop_pace.auto,
-                   host_calls=loop_pace.calls)
-    for h in hook_list:
-      h.end(summary)
+    try:
+      loop_pace = pace.Pace(config.loop.steps_per_loop)
+      with hooks_lib.closing(hook_list):
+        history, steady, stopped = host_loop.train(
+            state, loop_pace, hook_list, watch, stop)
+      cluster.stop_watchdog()  # the last collective is done; peers may exit
+      summary = summary_lib.training(task, config, setup, state, history,
+                                     steady)
+      summary.update(stopped)
+      summary.update(steps_per_loop=loop_pace.steps,
+                     steps_per_loop_auto=loop_pace.auto,
+                     host_calls=loop_pace.calls)
+      for h in hook_list:
+        h.end(summary)
+    except BaseException as error:
+      # The frames of the call that raised let go of the iterators first,
+      # so that the evaluation's goes off this thread (engine/core/
+      # iterators.py), as the training one does in `run`.
+      iterators.release_frames(error)
+      run_hooks.release_inputs(hook_list)
+      raise
   return _finish(task, config, setup, state, summary, history.columns())
 
 
