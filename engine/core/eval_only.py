@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from engine.config import Config
-from engine.core import checkpoint, evaluate, inputs, step
+from engine.core import checkpoint, evaluate, inputs, iterators, step
 from engine.core import objective as objective_lib
 from engine.core import ema as ema_lib
 from engine.core import summary as summary_lib
@@ -108,7 +108,10 @@ def evaluate_checkpoint(task: Task, config: Config, setup: Setup,
     try:
       with ema_lib.swapped(averages):
         results = evaluator.evaluate()
-    finally:  # also on an exception (engine/core/run_hooks.release_inputs)
+    except BaseException as error:  # as engine/core/run.py's training
+      iterators.release_frames(error)
+      raise
+    finally:  # off this thread, also on an exception
       evaluator.release()
     cluster.stop_watchdog()
   writer = tensorboard.SummaryHook(setup.output_dir, (),

@@ -98,9 +98,6 @@ def build_state(task: Task, config: Config, setup: Setup) -> State:
       totals = metric_states.Totals(states.width)
   checkpointer, start_step = _restore(task, config, setup, model, optimizer,
                                       ema, best_state, totals)
-  # The pipeline is a pure function of (seed, step): resuming is skipping.
-  # Each worker decodes only its own rows (engine/core/inputs.py).
-  iterator = data.distribute(strategy, start_step)
   row_randomness = randomness.RowRandomness(
       config.randomness.seed, config.data.batch_size_per_replica *
       config.optimization.grad_accum_steps)
@@ -113,8 +110,17 @@ def build_state(task: Task, config: Config, setup: Setup) -> State:
           ema=ema, randomness=row_randomness, states=states),
       step.sum_names(objective), exchange_votes=exchanges_votes(
           config.checkpoints.preemption_sync, setup), states=states)
+  # The pipeline is a pure function of (seed, step): resuming is skipping.
+  # Each worker decodes only its own rows (engine/core/inputs.py). The
+  # iterator is no local of this frame: a frame outlives its call when a
+  # reference cycle holds a frame it called (e.g. an ImportError that a
+  # library imported here for the first time keeps with its traceback:
+  # tensorflow_datasets does), and the iterator would live on with it
+  # until the garbage collector frees it, waiting for tf.data's threads
+  # (engine/core/iterators.py).
   return State(model, optimizer, checkpointer, objective,
-               step.row_names(objective), data, iterator, train_loop,
+               step.row_names(objective), data,
+               data.distribute(strategy, start_step), train_loop,
                start_step, total_steps, ema, best_state, row_randomness,
                metric_reader=reader, metric_totals=totals)
 
