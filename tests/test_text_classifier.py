@@ -4,8 +4,8 @@ Transformer encoder with two outputs (weighted losses), Keras metric objects.
 One launch of 2 workers trains it until its evaluation AUC is above 0.9 and
 exports it; the export, loaded in a fresh interpreter, scores a positive
 review above a negative one from raw strings. In this process (2 replicas,
-the same global batch), the launch's checkpoint of step 125, inside an
-epoch, resumed to 150 ends as the launch did and leaves the vocabulary
+the same global batch), the launch's checkpoint of step 50, inside an
+epoch, resumed to 60 ends as the launch did and leaves the vocabulary
 file as it was.
 docs/guide/from-compile.md's programs run as tests/test_docs.py runs the
 guide's.
@@ -30,8 +30,8 @@ from test_multi_worker import start_from_checkpoint
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT)
 ENV.pop("TF_CONFIG", None)
 REVIEWS = 3000  # 2400 to train on, 600 to evaluate
-LAUNCH_STEPS = 150  # global batch 64: 38 steps an epoch
-RESUME_AT = 125  # the launch's checkpoint a run resumes from
+LAUNCH_STEPS = 60  # global batch 64: 38 steps an epoch (the last partial)
+RESUME_AT = 50  # the launch's checkpoint a run resumes from
 POSITIVE = "A wonderful film: brilliant, moving and fun. Loved it!"
 NEGATIVE = "Boring, dull and tedious; the worst script. Hated it."
 
@@ -129,7 +129,7 @@ def test_a_resumed_run_ends_as_an_uninterrupted_one(launched,  # pylint: disable
       model_dir=str(tmp_path))).summary
   assert resumed["start_step"] == RESUME_AT
   assert resumed["global_step"] == LAUNCH_STEPS
-  # Steps 115 to 152 are the fourth epoch: the final training metrics
+  # Steps 39 to 76 are the second epoch: the final training metrics
   # count its steps before RESUME_AT through the states checkpointed.
   for key in ("final_loss", "final_sentiment/auc", "final_length/accuracy",
               "eval_loss", "eval_sentiment/auc", "eval_length/accuracy"):
