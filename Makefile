@@ -18,10 +18,14 @@ RUN_FLAGS ?= --model=small_cnn --dataset=synthetic --image_size=32 --cpu_devices
 
 venv: $(STAMP)
 
+# pip compiles what it installs but not this (editable) project: compileall
+# does, once, so that the many processes of `make test` do not each compile
+# it again where PYTHONDONTWRITEBYTECODE is set.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m compileall -q engine data models benchmarks examples tests
 	touch $(STAMP)
 
 run: $(STAMP)
