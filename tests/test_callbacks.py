@@ -3,13 +3,13 @@ early stopping and a callback on one worker stop both at the same step."""
 import csv
 import json
 import os
-import subprocess
 import sys
 
 import keras
 import numpy as np
 
 from callback_job import StopAfter
+import forkserver
 from conftest import ROOT, read_scalars, tiny_config
 import engine
 
@@ -66,7 +66,7 @@ def test_two_workers_stop_together_with_ema_early_stopping_and_a_callback(
       "--batch_size_per_replica=8", "--noexport", "--weights_out=w.npz",
       "--stop_after=6", "--stop_on_worker=1", "--collective_timeout=30",
       f"--model_dir={tmp_path / 'mw'}"]
-  out = subprocess.run(
+  out = forkserver.run(
       [sys.executable, "-m", "engine.launch", "--num_workers=2",
        f"--script={os.path.join(ROOT, 'tests', 'callback_job.py')}", "--",
        *flags], cwd=ROOT, env=ENV, capture_output=True, text=True,

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import forkserver
 from conftest import ROOT, engine_cmd, job, run_job, tiny_config
 import engine
 from engine.core import checkpoint
@@ -104,7 +105,7 @@ TINY = ["--model=small_cnn", "--image_size=32", "--synthetic_examples=256",
 
 
 def _start(*flags):
-  return subprocess.Popen(engine_cmd(*TINY, *flags), cwd=ROOT, text=True,
+  return forkserver.Popen(engine_cmd(*TINY, *flags), cwd=ROOT, text=True,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
@@ -181,7 +182,7 @@ def test_sigterm_then_sigkills_while_saving_leave_a_checkpoint_to_resume(
 
 
 def test_nan_stops_names_the_step_and_keeps_finite_weights(tmp_path):
-  proc = subprocess.run(
+  proc = forkserver.run(
       engine_cmd(*TINY, "--optimizer=sgd", "--learning_rate=1e6",
                  "--train_steps=200", "--checkpoint_every=1",
                  "--steps_per_loop=1", f"--model_dir={tmp_path}"),

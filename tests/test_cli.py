@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+import forkserver
 from conftest import ROOT, engine_cmd
 
 TINY = ["--model=small_cnn", "--image_size=32", "--synthetic_examples=128",
@@ -13,7 +14,7 @@ TINY = ["--model=small_cnn", "--image_size=32", "--synthetic_examples=128",
 
 
 def run_engine(*flags, timeout=240):
-  return subprocess.run(engine_cmd(*flags), cwd=ROOT, capture_output=True,
+  return forkserver.run(engine_cmd(*flags), cwd=ROOT, capture_output=True,
                         text=True, timeout=timeout)
 
 

@@ -1,8 +1,8 @@
 """Issue 6 through real processes: the all-reduce benchmark (2 workers on
 loopback; accumulation on 2 workers is in test_multi_worker.py)."""
-import subprocess
 import sys
 
+import forkserver
 from conftest import ROOT
 from test_multi_worker import ENV
 
@@ -15,7 +15,7 @@ from test_multi_worker import ENV
 
 
 def test_bench_allreduce_prints_every_column():
-  out = subprocess.run(
+  out = forkserver.run(
       [sys.executable, "-m", "benchmarks.allreduce", "--min_bytes=4096",
        "--max_bytes=16384", "--iters=2", "--ops=ring,reduce_to_one_device",
        "--worker_ops=ring"],

@@ -34,6 +34,7 @@ import sys
 
 import pytest
 
+import forkserver
 from conftest import ROOT
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT)
@@ -208,7 +209,7 @@ def _run_driven(commands, work):
 
 def _run_alone(commands, work):
   for command in commands:
-    out = subprocess.run(command, cwd=work, env=ENV, capture_output=True,
+    out = forkserver.run(command, cwd=work, env=ENV, capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, (command, out.stdout[-2000:],
                                  out.stderr[-3000:])

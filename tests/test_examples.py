@@ -9,12 +9,12 @@ are then loaded and asked for predictions in one fresh interpreter.
 """
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+import forkserver
 from conftest import ROOT
 from engine.data import to_tfds
 from test_multi_worker import start_from_checkpoint
@@ -27,7 +27,7 @@ COMMON = ["--batch_size_per_replica=16", "--steps_per_loop=5",
 
 
 def run(cmd, timeout=300):
-  out = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True,
+  out = forkserver.run(cmd, cwd=ROOT, env=ENV, capture_output=True,
                        text=True, timeout=timeout)
   assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
   return out

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+import forkserver
 from conftest import ROOT, engine_cmd, job, run_job
 import engine
 from engine.launch import free_ports
@@ -21,7 +22,7 @@ TINY = ["--model=small_cnn", "--image_size=32", "--synthetic_examples=128",
 
 
 def run(cmd, timeout=120):
-  return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True,
+  return forkserver.run(cmd, cwd=ROOT, env=ENV, capture_output=True,
                         text=True, timeout=timeout)
 
 
@@ -126,7 +127,7 @@ def test_a_killed_peer_ends_the_run_with_exit_3(tmp_path, phase):
            "--eval_split=train[:32]", "--eval_every=8",
            f"--model_dir={tmp_path / 'm'}"]
   logs = [tmp_path / f"w{i}.log" for i in range(2)]
-  procs = [subprocess.Popen(
+  procs = [forkserver.Popen(
       [sys.executable, os.path.join("tests", "paused_job.py"),
        "--strategy=multi_worker", f"--worker_hosts={hosts}",
        f"--task_index={i}", *flags], cwd=ROOT, env=env,

@@ -1,7 +1,6 @@
 """--init_weights and --freeze: what is loaded, what stays, what is refused."""
 import os
 import re
-import subprocess
 
 import h5py
 import keras
@@ -9,6 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import forkserver
 from conftest import ROOT, engine_cmd, run_job, tiny_config
 import engine
 from engine import models
@@ -122,7 +122,7 @@ def test_one_mismatching_shape_is_one_line_naming_the_variable(tmp_path):
     ("--freeze=(", "is not a regular expression"),
 ])
 def test_bad_paths_and_regexes_fail_before_tensorflow(flag, message):
-  proc = subprocess.run(engine_cmd(flag), cwd=ROOT, env=ENV,
+  proc = forkserver.run(engine_cmd(flag), cwd=ROOT, env=ENV,
                         capture_output=True, text=True, timeout=60,
                         check=False)
   line = _error_line(proc)

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+import forkserver
 from conftest import ROOT, engine_cmd
 from engine.distribute import hang
 from engine.host.resources import usage
@@ -95,7 +96,7 @@ def test_the_guard_reports_a_lost_peer_from_the_cluster_watchdog():
 
 
 def _run(cmd, timeout):
-  return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True,
+  return forkserver.run(cmd, cwd=ROOT, env=ENV, capture_output=True,
                         text=True, timeout=timeout, check=False)
 
 
@@ -143,7 +144,7 @@ def test_a_stopped_peer_ends_the_run_within_the_collective_timeout(tmp_path):
   procs = []
   try:
     for i in range(2):
-      procs.append(subprocess.Popen(
+      procs.append(forkserver.Popen(
           engine_cmd("--strategy=multi_worker", f"--worker_hosts={hosts}",
                      f"--task_index={i}", "--train_steps=1000000",
                      "--log_every=50", f"--collective_timeout={timeout}",

@@ -11,7 +11,6 @@ none.
 """
 import json
 import os
-import subprocess
 import sys
 
 import keras
@@ -19,6 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import forkserver
 from conftest import read_scalars
 import engine
 import outputs_job
@@ -190,7 +190,7 @@ def test_resume_mid_epoch_continues_the_epochs_metric_states(tmp_path,
 
 
 def launch(model_dir, *flags):
-  return subprocess.run(
+  return forkserver.run(
       [sys.executable, "-m", "engine.launch", "--num_workers=2",
        "--module=outputs_job", "--", f"--model_dir={model_dir}",
        "--batch_size_per_replica=4", "--train_steps=10", "--optimizer=sgd",
@@ -253,7 +253,7 @@ def test_each_mistake_is_one_line(tmp_path, mistake, expected):
 
 
 def test_a_mistake_on_the_command_line_exits_2_in_one_line(tmp_path):
-  proc = subprocess.run(
+  proc = forkserver.run(
       [sys.executable, os.path.join(ROOT, "tests", "outputs_job.py"),
        "--mistake=missing_label", f"--model_dir={tmp_path}", "--noexport",
        "--batch_size_per_replica=8"],

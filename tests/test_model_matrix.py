@@ -38,6 +38,7 @@ import tensorflow as tf
 
 import engine
 from benchmarks import families
+import forkserver
 from conftest import ROOT, read_scalars
 import family_job
 from test_multi_worker import start_from_checkpoint
@@ -170,7 +171,7 @@ def launch(names, flags, model_dir):
   """Starts families `names` (one task, tests/family_job.py) on 2 workers
   through the launcher, as a user runs a script; a Popen, so that it trains
   while the test's in-process runs do."""
-  return subprocess.Popen(
+  return forkserver.Popen(
       [sys.executable, "-m", "engine.launch", "--num_workers=2",
        f"--script={SCRIPT}", "--", f"--families={','.join(names)}",
        "--strategy=multi_worker",

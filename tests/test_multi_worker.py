@@ -18,6 +18,7 @@ import time
 import numpy as np
 import pytest
 
+import forkserver
 from conftest import ROOT, engine_cmd, run_job, tiny_config
 from engine.distribute import cluster
 from engine.host import memory
@@ -73,7 +74,7 @@ def launch(flags, timeout=150, num_workers=2, cpu_pinning=False):
   worker ended), None without one."""
   cmd = [sys.executable, "-m", "engine.launch", f"--num_workers={num_workers}",
          *(["--cpu_pinning"] if cpu_pinning else []), "--", *flags]
-  proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+  proc = forkserver.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True,
                           start_new_session=True)
   out, err, done_at = [], [], []
@@ -249,7 +250,7 @@ def _wait_for(proc_lines, pattern, deadline):
 
 
 def _start(cmd, log):
-  return subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=log,
+  return forkserver.Popen(cmd, cwd=ROOT, env=ENV, stdout=log,
                           stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -281,7 +282,7 @@ def test_lone_worker_gives_up_after_init_timeout(tmp_path):
   ports = free_ports(2)
   hosts = ",".join(f"127.0.0.1:{p}" for p in ports)
   start = time.monotonic()
-  out = subprocess.run(engine_cmd(
+  out = forkserver.run(engine_cmd(
       "--strategy=multi_worker", f"--worker_hosts={hosts}", "--task_index=0",
       *tiny_flags(model_dir=str(tmp_path), init_timeout=2.0)),
                        cwd=ROOT, env=ENV, capture_output=True, text=True,
@@ -296,7 +297,7 @@ def test_lone_worker_gives_up_after_init_timeout(tmp_path):
 
 
 def _cli_error(tmp_path, *flags):
-  out = subprocess.run(engine_cmd("--strategy=multi_worker", *flags,
+  out = forkserver.run(engine_cmd("--strategy=multi_worker", *flags,
                                   f"--model_dir={tmp_path}"),
                        cwd=ROOT, env=ENV, capture_output=True,
                        text=True, timeout=60, check=False)
@@ -401,7 +402,7 @@ def _standin_launch(tmp_path, code, *launcher_flags):
   script = tmp_path / "standin.py"
   script.write_text(STANDIN)
   log = tmp_path / "launch.log"
-  proc = subprocess.Popen(
+  proc = forkserver.Popen(
       [sys.executable, "-m", "engine.launch", "--num_workers=2",
        f"--script={script}", *launcher_flags, "--"], cwd=ROOT,
       env=dict(ENV, STANDIN_EXIT=code), stdout=open(log, "w"),
@@ -455,7 +456,7 @@ def test_two_diverging_workers_stop_and_the_launcher_fails(tmp_path):
   # Real workers: both see the NaN in the same all-reduced step row, stop
   # with "training diverged" (exit 4), and the launcher without
   # --max_restarts exits 1.
-  out = subprocess.run(
+  out = forkserver.run(
       [sys.executable, "-m", "engine.launch", "--num_workers=2", "--",
        *tiny_flags(model_dir=str(tmp_path / "m"), optimizer="sgd",
                    learning_rate=1e6, train_steps=200, steps_per_loop=1)],

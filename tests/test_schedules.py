@@ -1,11 +1,11 @@
 """Learning-rate schedules: values by hand, TensorBoard, resume, bad input."""
 import json
 import logging
-import subprocess
 
 import numpy as np
 import pytest
 
+import forkserver
 from conftest import ROOT, engine_cmd, read_scalars, run_job, tiny_config
 import engine
 from engine.core import schedules
@@ -178,7 +178,7 @@ TINY = ["--model=small_cnn", "--image_size=32", "--synthetic_examples=64",
      "negative."),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, flags, line):
-  proc = subprocess.run(
+  proc = forkserver.run(
       engine_cmd(*TINY, f"--model_dir={tmp_path}", "--strategy=one_device",
                  *flags), cwd=ROOT, capture_output=True, text=True,
       timeout=120, check=False)

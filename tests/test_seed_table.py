@@ -2,16 +2,16 @@
 devices, a few steps (the multi_worker table takes the launcher through
 eight more processes; tests/test_multi_worker.py covers the launcher)."""
 import re
-import subprocess
 import sys
 
+import forkserver
 from conftest import ROOT
 
 NUMBER = re.compile(r"^\d+\.\d s$")
 
 
 def test_seed_table_prints_every_row_and_column():
-  proc = subprocess.run(
+  proc = forkserver.run(
       [sys.executable, "-m", "benchmarks.seed_table", "--dataset=tf_flowers",
        "--cpu_devices=2", "--model=small_cnn", "--image_size=32",
        "--warmup=1", "--steps=2", "--steps_per_loop=2",

@@ -22,6 +22,7 @@ import sys
 import pytest
 
 import engine
+import forkserver
 from conftest import ROOT
 from examples import text_classifier
 from test_docs import _pages, _plan, _run_driven, _write
@@ -40,7 +41,7 @@ def launch(flags, timeout=300):
   """The launcher with 2 workers of the example; (exit code, its output).
   A launcher still running after `timeout` s is killed, and so is each
   worker it started (by the pids it printed)."""
-  proc = subprocess.Popen(
+  proc = forkserver.Popen(
       [sys.executable, "-m", "engine.launch", "--num_workers=2",
        "--module=examples.text_classifier", "--", *flags],
       cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
