@@ -9,6 +9,7 @@ never interrupted.
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 
@@ -16,7 +17,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import forkserver
 from conftest import run_job, tiny_config, train_batches
 import engine
 from engine import hooks
@@ -98,7 +98,7 @@ def test_signal_on_mirrored_saves_at_the_boundary_reached(tmp_path, signum,
 
 def _exiting(*codes):
   """Stand-in workers (no TensorFlow): code None sleeps until killed."""
-  return [forkserver.Popen(
+  return [subprocess.Popen(
       [sys.executable, "-c", "import time; time.sleep(600)" if c is None else
        f"import sys; sys.exit({c})"], start_new_session=True) for c in codes]
 

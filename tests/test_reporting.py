@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import forkserver
 from conftest import (ROOT, engine_cmd, read_scalars, run_job,
                       tiny_config)
 from engine.config import ReportingConfig
@@ -171,7 +170,7 @@ def load_elsewhere(export_dirs, images, tmp_path):
     args += [str(export_dir), *map(str, out)]
     outs.append(out)
   env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-  proc = forkserver.run(
+  proc = subprocess.run(
       [sys.executable, "-I", "-c", _LOADER, str(tmp_path / "images.npy"),
        *args],
       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
