@@ -11,7 +11,9 @@ command's arguments, environment, working directory and standard streams,
 runs the module or script as `__main__` and ends as that interpreter would
 (atexit, the engine's `os._exit`); its exit status comes back through the
 server. The process is a real one: its pid takes signals, its streams are
-pipes or files.
+pipes or files. What the command itself starts with `subprocess.Popen` (the
+launcher's workers, a benchmark's runs) is forked from the server the same
+way, under the same rules.
 
 What a fork cannot give is what is read while those modules are imported:
 a command whose environment differs from the server's in such a variable
@@ -35,6 +37,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 
 # What the server imports before it forks. The engine first, as a command
 # line imports it before TensorFlow (engine/__init__.py notes which came
@@ -45,6 +48,7 @@ _IMPORT_TIME = ("TF_", "KERAS_", "PYTHON", "OMP_", "OPENBLAS_", "MKL_",
                 "CUDA_", "TFDS_", "XLA_", "LD_", "LC_", "LANG", "HOME")
 _RUNTIME = ("TF_CONFIG", "PYTHONPATH")
 _MAX_MESSAGE = 1 << 20
+_PLAIN_POPEN = subprocess.Popen  # forked commands find `Popen` in its place
 
 
 def _import_time_env(env):
@@ -55,49 +59,81 @@ def _import_time_env(env):
 # ---------------------------------------------------------------- server
 
 
-def _serve(sock):
-  """Forks a child per request; returns the request, in the child only."""
-  children = set()
+def _serve(root):
+  """Forks a child per request; returns (request, fds, the child's own
+  connection to this server), in the child only.
+
+  Requests come from the test process (`root`) and from the commands forked
+  here: each child gets a connection of its own, through which what it
+  starts with `subprocess.Popen` is forked here too (a launcher's workers).
+  An exit status goes back to whoever asked for that child; when a command
+  ends, what it started runs on, as a real process's children would; when
+  the test process ends, everything forked here is killed."""
+  clients = [root]
+  children = {}  # pid -> the connection that asked for it
   while True:
-    ready, _, _ = select.select([sock], [], [], 0.02)
+    ready, _, _ = select.select(clients, [], [], 0.02)
     while children:
       pid, status = os.waitpid(-1, os.WNOHANG)
       if not pid:
         break
-      children.discard(pid)
-      sock.send(json.dumps({"exit": pid, "code":
-                            os.waitstatus_to_exitcode(status)}).encode())
-    if not ready:
-      continue
-    message, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 3)
-    if not message:  # the test process is gone
-      for pid in children:
+      asker = children.pop(pid)
+      if asker in clients:
         try:
-          os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
+          asker.send(json.dumps({"exit": pid, "code":
+                                 os.waitstatus_to_exitcode(status)}).encode())
+        except OSError:  # it ended just now
           pass
-      os._exit(0)  # pylint: disable=protected-access
-    request = json.loads(message)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-      sock.close()
+    for client in ready:
+      try:
+        message, fds, _, _ = socket.recv_fds(client, _MAX_MESSAGE, 3)
+      except OSError:
+        message, fds = b"", []
+      if not message and client is root:  # the test process is gone
+        for pid in children:
+          try:
+            os.kill(pid, signal.SIGKILL)
+          except ProcessLookupError:
+            pass
+        os._exit(0)  # pylint: disable=protected-access
+      if not message:  # a command ended
+        clients.remove(client)
+        client.close()
+        continue
+      request = json.loads(message)
+      ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+      sys.stdout.flush()
+      sys.stderr.flush()
+      pid = os.fork()
+      if pid == 0:
+        for c in clients:
+          c.close()
+        ours.close()
+        if request["new_session"]:
+          os.setsid()  # as subprocess does it: before the caller gets the pid
+        return request, fds, theirs
+      theirs.close()
       if request["new_session"]:
-        os.setsid()  # as subprocess does it: before the caller gets the pid
-      return request, fds
-    if request["new_session"]:
-      while os.getsid(pid) != pid:  # so that killpg(pid) finds the group
-        time.sleep(0.001)
-    children.add(pid)
-    for fd in fds:
-      os.close(fd)
-    sock.send(json.dumps({"started": request["id"], "pid": pid}).encode())
+        while os.getsid(pid) != pid:  # so that killpg(pid) finds the group
+          time.sleep(0.001)
+      children[pid] = client
+      clients.append(ours)
+      for fd in fds:
+        os.close(fd)
+      try:
+        client.send(json.dumps({"started": request["id"],
+                                "pid": pid}).encode())
+      except OSError:  # the asker ended meanwhile
+        pass
 
 
-def _become(request, fds, base_path):
+def _become(request, fds, connection, base_path, server_env):
   """In the child: takes the command's streams, place and environment, and
-  runs it as `python ARGS` would."""
+  runs it as `python ARGS` would; what it starts with `subprocess.Popen` goes
+  through `connection` (see `Popen`)."""
+  global _SERVER
+  _SERVER = _Server(connection, server_env)
+  subprocess.Popen = Popen
   for target, fd in zip((0, 1, 2), fds):
     os.dup2(fd, target)
   for fd in fds:
@@ -133,22 +169,25 @@ def _main():
   import importlib  # pylint: disable=g-import-not-at-top
   for name in PRELOAD:
     importlib.import_module(name)
+  server_env = dict(os.environ)
   sock.send(b'{"ready": true}')
-  request, fds = _serve(sock)
+  request, fds, connection = _serve(sock)
   del sock
-  _become(request, fds, base_path)
+  _become(request, fds, connection, base_path, server_env)
 
 
 # ---------------------------------------------------------------- client
 
 
 class _Server:
-  """This test process's server, started on first use."""
+  """The connection to the server: in the test process, a server started on
+  first use; in a forked command, the one it was forked with."""
 
-  def __init__(self):
+  def __init__(self, connection=None, env=None):
     self._lock = threading.Lock()
-    self._sock = None
-    self._env = None
+    self._sock = connection
+    self._env = env  # the server's environment, once known
+    self._reader = None
     self._next_id = 0
     self._started = {}  # request id -> (Event, [pid])
     self._procs = {}  # pid -> Popen
@@ -157,7 +196,7 @@ class _Server:
   def _start(self):
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     self._env = dict(os.environ)
-    self._proc = subprocess.Popen(
+    self._proc = _PLAIN_POPEN(
         [sys.executable, os.path.abspath(__file__), str(theirs.fileno())],
         pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -168,8 +207,6 @@ class _Server:
       raise RuntimeError("fork server did not start")
     ours.settimeout(None)
     self._sock = ours
-    threading.Thread(target=self._read, daemon=True,
-                     name="forkserver").start()
     atexit.register(self._stop)
 
   def _stop(self):
@@ -218,6 +255,10 @@ class _Server:
     with self._lock:
       if self._sock is None:
         self._start()
+      if self._reader is None:  # a forked command has no thread until here
+        self._reader = threading.Thread(target=self._read, daemon=True,
+                                        name="forkserver")
+        self._reader.start()
       self._next_id += 1
       rid = self._next_id
       event, out = threading.Event(), []
@@ -256,26 +297,35 @@ def _stream(target, inherit: int):
   return os.dup(target.fileno()), None
 
 
+_SUPPORTED = ("cwd", "env", "stdout", "stderr", "text", "universal_newlines",
+              "stdin", "start_new_session")
+# subprocess.Popen's own defaults: given as such, they ask for nothing more.
+_DEFAULTS = {"preexec_fn": None, "close_fds": True, "bufsize": -1,
+             "executable": None, "shell": False, "pass_fds": ()}
+
+
 class Popen:
   """subprocess.Popen's interface for a forked command (see the module);
   falls back to subprocess.Popen for what a fork cannot run."""
 
-  def __new__(cls, args, **kwargs):
+  __class_getitem__ = classmethod(types.GenericAlias)
+
+  def __new__(cls, args, *rest, **kwargs):
     env = kwargs.get("env")
     env = dict(os.environ) if env is None else dict(env)
-    unsupported = set(kwargs) - {"cwd", "env", "stdout", "stderr", "text",
-                                 "universal_newlines", "stdin",
-                                 "start_new_session"}
-    if (unsupported or kwargs.get("stdin") not in (None, subprocess.DEVNULL)
+    unsupported = [k for k, v in kwargs.items() if k not in _SUPPORTED and
+                   (k not in _DEFAULTS or _DEFAULTS[k] != v)]
+    if (rest or unsupported
+        or kwargs.get("stdin") not in (None, subprocess.DEVNULL)
         or os.environ.get("TESTS_FORKSERVER") == "0"
         or not _SERVER.serves(list(map(str, args)), env)):
-      return subprocess.Popen(args, **kwargs)
+      return _PLAIN_POPEN(args, *rest, **kwargs)
     return super().__new__(cls)
 
   def __init__(self, args, cwd=None, env=None, stdout=None, stderr=None,
                text=False, universal_newlines=False, stdin=None,
-               start_new_session=False):
-    del stdin
+               start_new_session=False, **defaults):
+    del stdin, defaults  # the defaults __new__ let through
     self.args = args
     self.returncode = None
     self._done = threading.Event()

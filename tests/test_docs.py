@@ -42,43 +42,8 @@ ENV.pop("TF_CONFIG", None)
 GUIDE = os.path.join(ROOT, "docs", "guide")
 _BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 
-# Runs commands in one interpreter, as `python -m MODULE ...` and
-# `python SCRIPT ...` run them (runpy, sys.argv, SystemExit's code), with
-# absl's flags reset to their defaults before each. Prints one JSON line of
-# exit codes (or the error of a command that raised).
-_DRIVER = """
-import json, os, runpy, sys, traceback
-from absl import flags
-from engine import ending
-from engine.host import cpus
-cpus.split_cpu(4)  # the most any command asks for; fewer are kept
-# The command line exits at its end with os._exit (engine/ending.py); here
-# the next command must run, so its end is an exception the loop catches.
-def _end(code):
-  ending._clean_up()
-  sys.exit(code)
-ending.end = _end
-sys.path.insert(0, os.getcwd())  # python SCRIPT: the script's folder
-codes = []
-for argv in json.loads(sys.argv[1]):
-  flags.FLAGS.unparse_flags()
-  sys.argv = argv[2:] if argv[0] == "-m" else argv
-  try:
-    if argv[0] == "-m":
-      sys.argv = [argv[1], *argv[2:]]
-      runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
-    else:
-      runpy.run_path(argv[0], run_name="__main__")
-    codes.append(0)
-  except SystemExit as e:
-    codes.append(e.code or 0)
-  except Exception:  # pylint: disable=broad-except
-    codes.append(traceback.format_exc()[-3000:])
-print("CODES " + json.dumps(codes), flush=True)
-# As the command line ends (engine/core/iterators.py): not waiting for
-# tf.data's threads to let go of the runs' iterators.
-os._exit(0)
-"""
+# Runs the commands of a group in one interpreter: tests/docs_driver.py.
+DRIVER = os.path.join(ROOT, "tests", "docs_driver.py")
 
 
 def _blocks(path):
@@ -188,7 +153,7 @@ def _check_text(page, text):
 def _run_driven(commands, work):
   """Runs `commands` in one interpreter; each must exit 0, and each
   engine.main run must have written its summary.json (eval.json)."""
-  out = subprocess.run([sys.executable, "-c", _DRIVER, json.dumps(commands)],
+  out = forkserver.run([sys.executable, DRIVER, json.dumps(commands)],
                        cwd=work, env=ENV, capture_output=True, text=True,
                        timeout=600)
   line = [l for l in out.stdout.splitlines() if l.startswith("CODES ")]

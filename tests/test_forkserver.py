@@ -77,3 +77,33 @@ def test_what_a_fork_cannot_give_runs_as_a_plain_subprocess():
                           stderr=subprocess.DEVNULL)
   assert isinstance(proc, subprocess.Popen)
   proc.wait(60)
+
+
+_NESTED = """
+import json, os, subprocess, sys
+if sys.argv[1] == "outer":
+  # As the launcher starts its workers: preexec_fn given, but None.
+  inner = subprocess.Popen([sys.executable, __file__, "inner"],
+                           stdout=subprocess.PIPE, preexec_fn=None)
+  out, _ = inner.communicate(timeout=60)
+  print(json.dumps({"pid": os.getpid(), "inner": json.loads(out),
+                    "code": inner.returncode}))
+else:
+  print(json.dumps({"ppid": os.getppid(),
+                    "imported": "tensorflow" in sys.modules}))
+  sys.exit(3)
+"""
+
+
+@pytest.mark.skipif(os.environ.get("TESTS_FORKSERVER") == "0",
+                    reason="forks turned off")
+def test_what_a_forked_command_starts_is_forked_too(tmp_path):
+  script = tmp_path / "nested.py"
+  script.write_text(_NESTED)
+  out = forkserver.run([sys.executable, str(script), "outer"],
+                       capture_output=True, text=True, timeout=120)
+  assert out.returncode == 0, out.stderr
+  seen = json.loads(out.stdout)
+  assert seen["code"] == 3
+  assert seen["inner"]["imported"]  # forked from the server: no import
+  assert seen["inner"]["ppid"] != seen["pid"]  # the server's child
