@@ -16,6 +16,7 @@ import pytest
 import tensorflow as tf
 
 import engine
+import forkserver
 from conftest import ROOT
 from engine.core import inputs
 import user_task
@@ -152,7 +153,7 @@ def test_replicas_match_one_replica(one_replica, tmp_path, replicas):
 
 def test_two_workers_through_the_launcher_match_one_replica(one_replica,
                                                             tmp_path):
-  out = subprocess.run(
+  out = forkserver.run(
       [sys.executable, "-m", "engine.launch", "--num_workers=2",
        f"--script={SCRIPT}", "--", "--strategy=multi_worker",
        f"--batch_size_per_replica={GLOBAL_BATCH // 2}",
@@ -214,7 +215,7 @@ def test_a_users_mistake_is_one_line_before_training(tmp_path):
   """The user's script on the command line: the mistake is one line, exit 2,
   no traceback, nothing trained ("shape": the loss raises inside TensorFlow,
   the mistake most likely to escape as a traceback)."""
-  out = subprocess.run(
+  out = forkserver.run(
       [sys.executable, SCRIPT, "--mistake=shape", "--train_steps=2",
        "--batch_size_per_replica=8", f"--model_dir={tmp_path}"],
       cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
