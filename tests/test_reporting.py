@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import forkserver
 from conftest import (ROOT, engine_cmd, read_scalars, run_job,
                       tiny_config)
 from engine.config import ReportingConfig
@@ -258,9 +259,9 @@ TINY = ["--model=small_cnn", "--image_size=32", "--synthetic_examples=128",
 def run_on_pty(flags, timeout=180):
   """Runs the CLI with stdout on a pseudo-terminal; returns (code, tty, stderr)."""
   master, slave = pty.openpty()
-  with open(os.devnull, "rb") as stdin:
-    proc = subprocess.Popen(engine_cmd(*flags), cwd=ROOT, stdin=stdin,
-                            stdout=slave, stderr=subprocess.PIPE)
+  proc = forkserver.Popen(engine_cmd(*flags), cwd=ROOT,
+                          stdin=subprocess.DEVNULL, stdout=slave,
+                          stderr=subprocess.PIPE)
   os.close(slave)
   chunks, deadline = [], time.monotonic() + timeout
   try:
