@@ -26,6 +26,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
 	$(PY) -m compileall -q engine data models benchmarks examples tests
+	sync  # the install's ~2 GB to disk now, not behind the first run's writes
 	touch $(STAMP)
 
 run: $(STAMP)
