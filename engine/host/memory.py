@@ -62,6 +62,23 @@ def glibc() -> Optional[ctypes.CDLL]:
   return libc
 
 
+_TF_THRESHOLD_SET = False
+
+
+def _let_tensorflow_set_its_threshold():
+  """TF's one-time mallopt runs when the first GeneratorDataset kernel is
+  built, which is when a generator data set is first iterated; iterating an
+  empty one makes it run now, before ours. Once per process (a fork
+  inherits both TF's guard and this one): building and iterating the data
+  set took ~50 ms of each run."""
+  global _TF_THRESHOLD_SET
+  if not _TF_THRESHOLD_SET:
+    for _ in tf.data.Dataset.from_generator(
+        lambda: iter(()), output_signature=tf.TensorSpec([], tf.int32)):
+      pass
+    _TF_THRESHOLD_SET = True
+
+
 def tune_malloc() -> bool:
   """Sets the mmap and trim thresholds above; True if glibc took them."""
   libc = glibc()
@@ -69,12 +86,7 @@ def tune_malloc() -> bool:
     logging.info("Host memory: the C library is not glibc; malloc left as "
                  "it is.")
     return False
-  # TF's one-time mallopt runs when the first GeneratorDataset kernel is
-  # built, which is when a generator data set is first iterated; iterating
-  # an empty one here makes it run now, before ours.
-  for _ in tf.data.Dataset.from_generator(
-      lambda: iter(()), output_signature=tf.TensorSpec([], tf.int32)):
-    pass
+  _let_tensorflow_set_its_threshold()
   ok = (libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and
         libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1)
   logging.info(
