@@ -1,5 +1,6 @@
 """Checkpoints: exact resume, preemption, kills during saves, NaN guard."""
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -13,19 +14,23 @@ from conftest import ROOT, engine_cmd, job, run_job, tiny_config
 import engine
 from engine.core import checkpoint
 from engine.errors import ConfigError
+import test_multi_worker as mw
 
 
 def test_interrupted_and_resumed_equals_uninterrupted(tmp_path):
-  # Partial batches too; host calls of --steps_per_loop=auto (the default),
-  # whose lengths differ between the runs.
+  """Partial batches too; host calls of --steps_per_loop=auto (the
+  default), whose lengths differ between the runs. The interrupted run
+  starts from the uninterrupted run's checkpoint of step 5
+  (tests/test_multi_worker.py's `start_from_checkpoint`: a periodic
+  checkpoint is the state a run stopped there saves; a run stopped by
+  SIGTERM and resumed is test_sigterm_then_sigkills_..., below)."""
   kw = dict(cpu_devices=2, optimizer="adam", learning_rate=0.01,
             synthetic_examples=40, steps_per_loop="auto")
-  whole = run_job(tiny_config(train_steps=12,
-                                  model_dir=str(tmp_path / "whole"), **kw))
-  part_dir = str(tmp_path / "parts")
-  first = run_job(tiny_config(train_steps=5, model_dir=part_dir, **kw))
-  assert first.summary["global_step"] == 5
-  rest = run_job(tiny_config(train_steps=12, model_dir=part_dir, **kw))
+  whole = run_job(tiny_config(train_steps=12, checkpoint_every=5,
+                              model_dir=str(tmp_path / "whole"), **kw))
+  mw.start_from_checkpoint(tmp_path / "whole", tmp_path / "parts", 5)
+  rest = run_job(tiny_config(train_steps=12,
+                             model_dir=str(tmp_path / "parts"), **kw))
   assert rest.summary["start_step"] == 5 and rest.summary["global_step"] == 12
   np.testing.assert_allclose(rest.losses, whole.losses[5:], rtol=0, atol=1e-6)
   assert rest.summary["final_loss"] == pytest.approx(
@@ -34,18 +39,32 @@ def test_interrupted_and_resumed_equals_uninterrupted(tmp_path):
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
 
 
-def test_resume_with_another_global_batch_is_refused(tmp_path):
+@pytest.fixture(scope="module")
+def two_steps(tmp_path_factory):
+  """A model_dir of 2 steps on 2 replicas (global batch 16), trained once
+  for the module; each test below resumes a copy of it."""
+  model_dir = tmp_path_factory.mktemp("two_steps") / "m"
+  run_job(tiny_config(cpu_devices=2, train_steps=2, model_dir=str(model_dir)))
+  return model_dir
+
+
+def _copy(model_dir, tmp_path):
+  to = tmp_path / "m"
+  shutil.copytree(model_dir, to)
+  return to
+
+
+def test_resume_with_another_global_batch_is_refused(two_steps, tmp_path):
   """Another replica count with the same global batch resumes as it is
   (tests/test_multi_worker.py and test_partial_batch.py check that it trains
   on exactly); another global batch is refused with its reason, unless
   --allow_resume_change."""
-  run_job(tiny_config(cpu_devices=2, train_steps=2,
-                          model_dir=str(tmp_path)))
+  model_dir = _copy(two_steps, tmp_path)
   with pytest.raises(ConfigError) as e:
     run_job(tiny_config(cpu_devices=2, batch_size_per_replica=4,
-                        train_steps=4, model_dir=str(tmp_path)))
+                        train_steps=4, model_dir=str(model_dir)))
   assert str(e.value) == (
-      f"--model_dir={tmp_path}: was trained with a global batch of 16, this "
+      f"--model_dir={model_dir}: was trained with a global batch of 16, this "
       "run has 8: the step, the position in the data and the learning-rate "
       "schedule all count global batches, so resuming would train other "
       "examples at other rates. Resume with a global batch of 16 (any "
@@ -53,7 +72,7 @@ def test_resume_with_another_global_batch_is_refused(tmp_path):
       "accept that.")
   ok = run_job(tiny_config(cpu_devices=4, batch_size_per_replica=2,
                            train_steps=4, allow_resume_change=True,
-                           model_dir=str(tmp_path)))
+                           model_dir=str(model_dir)))
   assert ok.summary["start_step"] == 2 and ok.summary["global_step"] == 4
   assert ok.summary["global_batch_size"] == 8
 
@@ -83,19 +102,18 @@ def test_which_resumes_change_the_results(saved, now, refused):
     assert "with --shard_files each worker reads its own files" in change
 
 
-def test_foreign_or_unreadable_checkpoint_is_refused(tmp_path):
-  run_job(tiny_config(cpu_devices=2, train_steps=2,
-                          model_dir=str(tmp_path)))
+def test_foreign_or_unreadable_checkpoint_is_refused(two_steps, tmp_path):
+  model_dir = _copy(two_steps, tmp_path)
   with pytest.raises(ConfigError, match="another run .*model='small_cnn'"):
     run_job(tiny_config(cpu_devices=2, train_steps=2, model="mobilenet_v2",
-                            model_dir=str(tmp_path)))
-  ckpt_dir = tmp_path / "checkpoints"
+                        model_dir=str(model_dir)))
+  ckpt_dir = model_dir / "checkpoints"
   index = ckpt_dir / "ckpt-2.index"
   index.write_bytes(b"not a checkpoint")
   before = sorted((p.name, p.stat().st_mtime_ns) for p in ckpt_dir.iterdir())
   with pytest.raises(ConfigError, match="cannot be restored"):
     run_job(tiny_config(cpu_devices=2, train_steps=4,
-                            model_dir=str(tmp_path)))
+                        model_dir=str(model_dir)))
   after = sorted((p.name, p.stat().st_mtime_ns) for p in ckpt_dir.iterdir())
   assert before == after  # nothing overwritten
 

@@ -12,6 +12,7 @@ from conftest import read_scalars, run_job, tiny_config
 import engine
 from engine.core import best
 from test_eval import keras_evaluate
+import test_multi_worker as mw
 
 GLOBAL_BATCH = 16
 # sgd at 3.0 on this tiny job: the eval loss (of the averaged weights) falls
@@ -107,9 +108,15 @@ def test_ema_early_stopping_and_callback_agree_on_1_2_4_replicas(
 
 
 def test_resume_with_ema_and_early_stopping_state_is_exact(tmp_path):
+  """Resumed from the uninterrupted run's checkpoint of step 5 (between its
+  evaluations of steps 3 and 6; a run stopped at step 5 saves that state:
+  tests/test_multi_worker.py's `start_from_checkpoint`), the run ends as the
+  uninterrupted one: weights, averages, the best evaluation and the early
+  stopping count carried over."""
   kw = dict(early_stopping_patience=3, steps_per_loop=3, eval_every=3)
-  whole = run_job(recipe(tmp_path / "whole", 2, train_steps=12, **kw))
-  run_job(recipe(tmp_path / "parts", 2, train_steps=5, **kw))
+  whole = run_job(recipe(tmp_path / "whole", 2, train_steps=12,
+                         checkpoint_every=5, **kw))
+  mw.start_from_checkpoint(tmp_path / "whole", tmp_path / "parts", 5)
   rest = run_job(recipe(tmp_path / "parts", 2, train_steps=12, **kw))
   assert rest.summary["start_step"] == 5
   for got, want in zip(rest.weights + rest.averages,

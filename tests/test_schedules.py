@@ -9,6 +9,7 @@ import forkserver
 from conftest import ROOT, engine_cmd, read_scalars, run_job, tiny_config
 import engine
 from engine.core import schedules
+import test_multi_worker as mw
 
 COS_QUARTER = 0.5 * (1 + np.cos(np.pi / 4))  # 0.853553...
 
@@ -100,7 +101,7 @@ def test_warmup_cosine_is_in_tensorboard_and_resumes_exactly(tmp_path,
             batch_size_per_replica=4, synthetic_examples=40,
             steps_per_loop=4, summary_every=1)  # a partial batch too
   caplog.set_level(logging.INFO, logger="absl")
-  whole = run_job(tiny_config(train_steps=9,
+  whole = run_job(tiny_config(train_steps=9, checkpoint_every=4,
                               model_dir=str(tmp_path / "whole"), **kw))
   lines = [r.getMessage() for r in caplog.records
            if r.getMessage().startswith("Learning rate:")]
@@ -120,10 +121,12 @@ def test_warmup_cosine_is_in_tensorboard_and_resumes_exactly(tmp_path,
   assert summary["final_learning_rate"] == pytest.approx(want[-1], rel=1e-6)
   assert max(whole.history["grad_norm"]) > 0.4  # clipping took part
 
+  # Resumed from the uninterrupted run's checkpoint of step 4 (a run
+  # stopped there saves that state: tests/test_multi_worker.py's
+  # `start_from_checkpoint`), with the same total: the schedule is over 9
+  # steps in both parts.
+  mw.start_from_checkpoint(tmp_path / "whole", tmp_path / "parts", 4)
   parts = str(tmp_path / "parts")
-  first = run_job(tiny_config(train_steps=4, model_dir=parts, **kw))
-  assert first.summary["global_step"] == 4
-  # The same total: the schedule is over 9 steps in both parts.
   rest = run_job(tiny_config(train_steps=9, model_dir=parts, **kw))
   assert rest.summary["start_step"] == 4
   np.testing.assert_array_equal(rest.history["learning_rate"],
