@@ -41,16 +41,34 @@ def traced_collectives(monkeypatch):
   return dtypes
 
 
+def accumulation_kw(replicas):
+  return dict(strategy="mirrored", cpu_devices=replicas, optimizer="sgd",
+              learning_rate=0.05, train_steps=4, steps_per_loop=2)
+
+
+def accumulated(replicas, model_dir):
+  """K=4 micro-batches of 8 (global), 4 updates."""
+  return run_job(tiny_config(batch_size_per_replica=8 // replicas,
+                             grad_accum_steps=4, model_dir=str(model_dir),
+                             **accumulation_kw(replicas)))
+
+
+@pytest.fixture(scope="module")
+def accumulated_on_two_replicas(tmp_path_factory):
+  """The 2-replica accumulated run: test_accumulation_equals_one_large_batch
+  checks it against one large batch, test_jit_compile_matches_plain compiles
+  the same run with XLA."""
+  return accumulated(2, tmp_path_factory.mktemp("acc2"))
+
+
 @pytest.mark.parametrize("replicas", [1, 2])
-def test_accumulation_equals_one_large_batch(tmp_path, replicas):
+def test_accumulation_equals_one_large_batch(request, tmp_path, replicas):
   """K=4 micro-batches of 8 (global) == one batch of 32, one update each."""
-  kw = dict(strategy="mirrored", cpu_devices=replicas, optimizer="sgd",
-            learning_rate=0.05, train_steps=4, steps_per_loop=2)
   big = run_job(tiny_config(batch_size_per_replica=32 // replicas,
-                                model_dir=str(tmp_path / "big"), **kw))
-  acc = run_job(tiny_config(batch_size_per_replica=8 // replicas,
-                                grad_accum_steps=4,
-                                model_dir=str(tmp_path / "acc"), **kw))
+                            model_dir=str(tmp_path / "big"),
+                            **accumulation_kw(replicas)))
+  acc = (request.getfixturevalue("accumulated_on_two_replicas")
+         if replicas == 2 else accumulated(replicas, tmp_path / "acc"))
   assert acc.summary["global_step"] == 4  # optimizer updates, not batches
   assert acc.summary["global_batch_size"] == 32
   assert acc.summary["grad_accum_steps"] == 4
@@ -70,17 +88,38 @@ def test_accumulation_with_adam_and_partial_batch(tmp_path):
   assert max_diff(acc.weights, big.weights) < 1e-5
 
 
+COMPRESSION_KW = dict(cpu_devices=2, cross_device_ops="ring", optimizer="sgd",
+                     learning_rate=0.1, train_steps=20, steps_per_loop=10)
+
+
+@pytest.fixture(scope="module")
+def uncompressed(tmp_path_factory):
+  """(the float32 run on 2 replicas with ring all-reduces, its collectives'
+  dtypes): both compression cases compare with it, and
+  test_bytes_per_pack_reaches_mirrored[ring] checks its packs of 1024 bytes.
+
+  Packing splits the all-reduce, not the sums: each element is still the sum
+  of the same two replicas' values, so the packed run trains as the
+  unpacked one (the compression bounds were measured against it unpacked).
+  """
+  with pytest.MonkeyPatch.context() as monkeypatch:
+    collectives = traced_collectives(monkeypatch)
+    ref = run_job(tiny_config(
+        model_dir=str(tmp_path_factory.mktemp("uncompressed")),
+        bytes_per_pack=1024, **COMPRESSION_KW))
+    return ref, collectives()
+
+
 @pytest.mark.parametrize("compression,wire", [("fp16", "float16"),
                                               ("bf16", "bfloat16")])
 def test_compression_tolerance_and_wire_dtype(tmp_path, monkeypatch,
-                                              compression, wire):
+                                              uncompressed, compression,
+                                              wire):
+  ref, ref_collectives = uncompressed
+  assert wire not in ref_collectives
   collectives = traced_collectives(monkeypatch)
-  kw = dict(cpu_devices=2, cross_device_ops="ring", optimizer="sgd",
-            learning_rate=0.1, train_steps=20, steps_per_loop=10)
-  ref = run_job(tiny_config(model_dir=str(tmp_path / "ref"), **kw))
-  assert wire not in collectives()
   got = run_job(tiny_config(grad_compression=compression,
-                                model_dir=str(tmp_path / "c"), **kw))
+                            model_dir=str(tmp_path / "c"), **COMPRESSION_KW))
   # Per replica: one gradient pack in the compressed dtype and the float32
   # 4-byte example count.
   assert collectives() == sorted([wire] * 2 + ["float32"] * 2)
@@ -92,17 +131,24 @@ def test_compression_tolerance_and_wire_dtype(tmp_path, monkeypatch,
 
 
 @pytest.mark.parametrize("cross_device_ops", ["auto", "ring"])
-def test_bytes_per_pack_reaches_mirrored(tmp_path, monkeypatch,
+def test_bytes_per_pack_reaches_mirrored(request, tmp_path, monkeypatch,
                                          cross_device_ops):
-  collectives = traced_collectives(monkeypatch)
-  result = run_job(tiny_config(
-      cpu_devices=2, cross_device_ops=cross_device_ops, bytes_per_pack=1024,
-      train_steps=2, steps_per_loop=1, model_dir=str(tmp_path)))
+  """--bytes_per_pack=1024 on 2 replicas; the ring case checks the
+  compression tests' float32 run (`uncompressed`), which packs so."""
+  if cross_device_ops == "ring":
+    result, traced = request.getfixturevalue("uncompressed")
+  else:
+    collectives = traced_collectives(monkeypatch)
+    result = run_job(tiny_config(
+        cpu_devices=2, cross_device_ops=cross_device_ops, bytes_per_pack=1024,
+        train_steps=2, steps_per_loop=1, model_dir=str(tmp_path)))
+    traced = collectives()
+  assert result.summary["cross_device_ops"] == cross_device_ops
   packs = result.summary["allreduce_packs"]
   assert packs >= 4
   # One collective per pack and replica (the 4-byte count rides in a pack;
   # the loop's metrics reduce is not a collective on mirrored).
-  assert collectives() == ["float32"] * 2 * packs
+  assert traced == ["float32"] * 2 * packs
   assert result.summary["collectives_per_step"] == packs
 
 
@@ -172,12 +218,15 @@ def test_float16_overflow_step_is_skipped_and_recovers():
                   before) > 1e-4
 
 
-def test_jit_compile_matches_plain(tmp_path):
-  kw = dict(cpu_devices=2, optimizer="sgd", learning_rate=0.05,
-            grad_accum_steps=2, train_steps=4, steps_per_loop=2)
-  plain = run_job(tiny_config(model_dir=str(tmp_path / "p"), **kw))
-  xla = run_job(tiny_config(jit_compile=True,
-                                model_dir=str(tmp_path / "x"), **kw))
+def test_jit_compile_matches_plain(tmp_path, accumulated_on_two_replicas):
+  """XLA-compiled steps (2 replicas, 4 accumulated micro-batches) train as
+  the plain run: test_accumulation_equals_one_large_batch[2]'s accumulated
+  run."""
+  plain = accumulated_on_two_replicas
+  xla = run_job(tiny_config(jit_compile=True, batch_size_per_replica=4,
+                            grad_accum_steps=4, model_dir=str(tmp_path / "x"),
+                            **accumulation_kw(2)))
+  assert plain.summary["jit_compile"] is False
   assert xla.summary["jit_compile"] is True
   assert max_diff(xla.weights, plain.weights) < 1e-4
 

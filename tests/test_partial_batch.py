@@ -77,6 +77,9 @@ def test_one_device_is_the_mean_over_real_examples(reference, tmp_path):
 @pytest.mark.parametrize("replicas", [1, 2, 4])
 def test_replicas_match_one_device_with_partial_batches(reference, tmp_path,
                                                         replicas):
+  """Mirrored, "auto" all-reduce, sgd: also test_parity's sgd cases with
+  "auto" on 1 and 2 replicas (N replicas == 1, one reduction), which it does
+  not run again."""
   result = run_job(config_for(replicas, tmp_path, eval_split="train"))
   assert result.summary["num_replicas"] == replicas
   assert_same(result.losses, result.weights, reference)

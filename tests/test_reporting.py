@@ -22,11 +22,26 @@ from engine.report import export, profiler, reporting, tensorboard
 NAMES = ("loss", "examples", "grad_norm", "learning_rate", "accuracy")
 
 
-def test_train_events_hold_every_tag_at_every_summary_step(tmp_path):
+@pytest.fixture(scope="module")
+def reported_run(tmp_path_factory):
+  """(result, model_dir) of one 2-replica run of 8 steps with summaries every
+  2 steps, an evaluation every 4 and a profile of steps 3-4: the events, eval
+  and profiler tests below each check their part of it (one run, not three).
+  """
+  model_dir = tmp_path_factory.mktemp("reported")
   result = run_job(tiny_config(cpu_devices=2, train_steps=8,
-                                   summary_every=2, learning_rate=0.003,
-                                   model_dir=str(tmp_path)))
-  scalars = read_scalars(tmp_path / "train")
+                               summary_every=2, learning_rate=0.003,
+                               eval_split="train[:32]", eval_every=4,
+                               profile_steps=(3, 4), model_dir=str(model_dir)))
+  return result, model_dir
+
+
+def test_train_events_hold_every_tag_at_every_summary_step(reported_run):
+  """The train run holds every tag at every summary step, the numbers the
+  loop returned. (A run without evaluation writes no eval run:
+  test_export_dir_flag_is_used.)"""
+  result, model_dir = reported_run
+  scalars = read_scalars(model_dir / "train")
   # The loss and the task's metrics (10 classes: top-5 accuracy too), then
   # the rates.
   assert list(tensorboard.train_tags(result.history)) == [
@@ -47,19 +62,17 @@ def test_train_events_hold_every_tag_at_every_summary_step(tmp_path):
     assert scalars["grad_norm"][s] > 0
   assert scalars["grad_norm"][8] == pytest.approx(
       result.summary["final_grad_norm"], rel=1e-6)
-  assert not (tmp_path / "eval").exists()  # no evaluation, no eval run
 
 
-def test_a_run_with_evaluation_writes_the_eval_run(tmp_path):
-  result = run_job(tiny_config(train_steps=6, eval_split="train[:32]",
-                                   eval_every=3, model_dir=str(tmp_path)))
-  scalars = read_scalars(tmp_path / "eval")
+def test_a_run_with_evaluation_writes_the_eval_run(reported_run):
+  result, model_dir = reported_run
+  scalars = read_scalars(model_dir / "eval")
   assert sorted(scalars) == ["accuracy", "examples", "loss", "top5_accuracy"]
-  assert sorted(scalars["loss"]) == [3, 6]
-  assert scalars["examples"][6] == 32
-  assert scalars["loss"][6] == pytest.approx(result.summary["eval_loss"],
+  assert sorted(scalars["loss"]) == [4, 8]
+  assert scalars["examples"][8] == 32
+  assert scalars["loss"][8] == pytest.approx(result.summary["eval_loss"],
                                              rel=1e-6)
-  assert scalars["accuracy"][6] == pytest.approx(
+  assert scalars["accuracy"][8] == pytest.approx(
       result.summary["eval_accuracy"])
 
 
@@ -81,14 +94,13 @@ def test_non_chief_writes_no_event_files(tmp_path):
   assert os.listdir(tmp_path) == []
 
 
-def test_profile_steps_leave_a_trace(tmp_path):
-  run_job(tiny_config(train_steps=6, profile_steps=(3, 4),
-                          model_dir=str(tmp_path)))
-  runs = os.listdir(tmp_path / "plugins" / "profile")
+def test_profile_steps_leave_a_trace(reported_run):
+  _, model_dir = reported_run
+  runs = os.listdir(model_dir / "plugins" / "profile")
   assert len(runs) == 1
-  files = os.listdir(tmp_path / "plugins" / "profile" / runs[0])
+  files = os.listdir(model_dir / "plugins" / "profile" / runs[0])
   assert any(f.endswith(".xplane.pb") for f in files), files
-  assert all(os.path.getsize(tmp_path / "plugins" / "profile" / runs[0] / f)
+  assert all(os.path.getsize(model_dir / "plugins" / "profile" / runs[0] / f)
              > 0 for f in files)
 
 
@@ -192,13 +204,18 @@ IMAGES = np.random.default_rng(0).uniform(size=(5, 32, 32, 3)).astype(
     np.float32)
 
 
-def trained_small_cnn(tmp_path):
-  """small_cnn, exported at the end of a 2-replica run."""
+@pytest.fixture(scope="module")
+def small_cnn_run(tmp_path_factory):
+  """(model_dir, export_dir, the model's predictions of IMAGES): small_cnn,
+  exported at the end of a 2-replica run, into --export_dir (checked by
+  test_export_dir_flag_is_used; the round trip loads it)."""
+  tmp_path = tmp_path_factory.mktemp("small_cnn")
   result = run_job(tiny_config(cpu_devices=2, train_steps=2, export=True,
-                               model_dir=str(tmp_path / "m")))
+                               model_dir=str(tmp_path / "m"),
+                               export_dir=str(tmp_path / "e")))
   want = result.model(IMAGES, training=False).numpy()
   assert want.shape == (5, 10)
-  return tmp_path / "m" / "export", want
+  return tmp_path / "m", tmp_path / "e", want
 
 
 def random_mobilenet_v2(tmp_path):
@@ -225,11 +242,12 @@ def random_mobilenet_v2(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def round_trips(tmp_path_factory):
+def round_trips(tmp_path_factory, small_cnn_run):
   """{name: (predictions of both exported formats, loaded elsewhere; the
   model's own)}: both exports are loaded by one fresh interpreter."""
-  made = {name: build(tmp_path_factory.mktemp(name)) for name, build in (
-      ("small_cnn", trained_small_cnn), ("mobilenet_v2", random_mobilenet_v2))}
+  made = {"small_cnn": small_cnn_run[1:],
+          "mobilenet_v2": random_mobilenet_v2(
+              tmp_path_factory.mktemp("mobilenet_v2"))}
   got = load_elsewhere([d for d, _ in made.values()], IMAGES,
                        tmp_path_factory.mktemp("loaded"))
   return {name: (g, want) for (name, (_, want)), g in zip(made.items(), got)}
@@ -243,12 +261,15 @@ def test_mobilenet_v2_export_round_trip(round_trips):
   assert_same_predictions(*round_trips["mobilenet_v2"])
 
 
-def test_export_dir_flag_is_used(tmp_path):
-  run_job(tiny_config(train_steps=1, model_dir=str(tmp_path / "m"),
-                          export=True, export_dir=str(tmp_path / "e")))
-  assert sorted(os.listdir(tmp_path / "e")) == [export.KERAS_FILE,
-                                                export.SAVED_MODEL_DIR]
-  assert "export" not in os.listdir(tmp_path / "m")
+def test_export_dir_flag_is_used(small_cnn_run):
+  """The round trip's small_cnn run exports into --export_dir, not
+  model_dir/export; it has no evaluation, so it writes no eval run."""
+  model_dir, export_dir, _ = small_cnn_run
+  assert sorted(os.listdir(export_dir)) == [export.KERAS_FILE,
+                                            export.SAVED_MODEL_DIR]
+  assert "export" not in os.listdir(model_dir)
+  assert (model_dir / "train").is_dir()  # it does write the train run
+  assert not (model_dir / "eval").exists()  # no evaluation, no eval run
 
 
 TINY = ["--model=small_cnn", "--image_size=32", "--synthetic_examples=128",
