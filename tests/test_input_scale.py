@@ -190,23 +190,37 @@ def test_each_worker_decodes_its_share_of_the_evaluation(images, tfds_dir):
     decode.counter.enabled = False
 
 
+AUGMENT = "flip,crop"
+
+
 @pytest.fixture(scope="module")
-def two_steps_on_bad(images, tmp_path_factory):
-  """The model_dir of 2 steps on the folder with BAD planted (its
-  checkpoint of step 2): where the resume test goes on from, and what the
-  evaluation test evaluates."""
-  model_dir = tmp_path_factory.mktemp("two_steps")
-  run_job(_job(images[1], model_dir, train_steps=2))
-  return model_dir
+def one_replica_on_bad(images, tmp_path_factory):
+  """(model_dir, engine.Result) of one epoch on one replica on the folder
+  with BAD planted, augmented (--augment=flip,crop) and checkpointed every 2
+  steps: the run that the 4-replica run, the resume from its checkpoint of
+  step 2 (test_corrupt_images_are_skipped_counted_named_and_parity) and the
+  2-worker launch (test_two_workers_skip_the_same_images_and_match_one_replica)
+  are compared with; its checkpoint of step 2 is also the one
+  test_evaluation_is_the_same_on_one_replica_two_replicas_and_two_workers
+  evaluates."""
+  model_dir = tmp_path_factory.mktemp("one_replica")
+  result = run_job(_job(images[1], model_dir, augment=AUGMENT,
+                        checkpoint_every=2, weights_out="w.npz"))
+  return model_dir, result
 
 
 def test_corrupt_images_are_skipped_counted_named_and_parity(
-    images, two_steps_on_bad, tmp_path, capfd):  # pylint: disable=redefined-outer-name
+    images, one_replica_on_bad, tmp_path, capfd):  # pylint: disable=redefined-outer-name
+  """One epoch on 1 and on 4 replicas: the bad images skipped, counted and
+  named, the same weights; a resume from step 2 ends with them too. (The
+  bad rows are dropped after augmentation, so both runs augment: the
+  1-replica run is the module's, shared with the 2-worker launch.)"""
   _, bad = images
-  one = run_job(_job(bad, tmp_path / "one", weights_out="w.npz"))
+  model_dir, one = one_replica_on_bad
   four = run_job(_job(bad, tmp_path / "four", strategy="mirrored",
-                      cpu_devices=4, batch_size_per_replica=2))
-  err = capfd.readouterr().err
+                      cpu_devices=4, batch_size_per_replica=2,
+                      augment=AUGMENT))
+  err = capfd.readouterr().err  # the 4-replica run's
   for result in (one, four):
     assert result.summary["skipped_images"] == len(BAD)
     # One epoch: every good image once, the bad ones never.
@@ -217,9 +231,11 @@ def test_corrupt_images_are_skipped_counted_named_and_parity(
   for name in BAD:
     assert os.path.join(bad, name) in err
   assert "warning: skipped image(s) that cannot be decoded" in err
-  # Resume stays exact: 2 steps, then the rest, gives the same weights.
-  mw.start_from_checkpoint(two_steps_on_bad, tmp_path / "resume", 2)
-  resumed = run_job(_job(bad, tmp_path / "resume"))
+  # Resume stays exact: the 1-replica run's checkpoint of step 2 (the state
+  # a run stopped there leaves), then the rest, gives the same weights.
+  mw.start_from_checkpoint(model_dir, tmp_path / "resume", 2)
+  resumed = run_job(_job(bad, tmp_path / "resume", augment=AUGMENT))
+  assert resumed.summary["start_step"] == 2
   for k, w in enumerate(one.weights):
     np.testing.assert_allclose(resumed.weights[k], w, rtol=1e-6, atol=1e-7)
 
@@ -297,18 +313,19 @@ def test_listing_cache_is_reused_and_invalidated(images, tmp_path,
   assert task.num_examples("train") == len(changed.paths)
 
 
-def test_two_workers_skip_the_same_images_and_match_one_replica(images,
-                                                                tmp_path):
+def test_two_workers_skip_the_same_images_and_match_one_replica(
+    images, one_replica_on_bad, tmp_path):  # pylint: disable=redefined-outer-name
   # The suite's one launcher test of issue 19: each worker decodes its own
   # rows, skips the bad ones among them, and the all-reduced count keeps the
   # loss the mean over the examples really there. Augmentation runs on each
   # worker's rows, by their positions in the global batch, before the bad
-  # rows are dropped: the same examples as on one replica.
+  # rows are dropped: the same examples as on one replica (the module's
+  # 1-replica run).
   _, bad = images
   out = mw.launch([
       f"--dataset=folder:{bad}", "--model=small_cnn", "--image_size=32",
       f"--batch_size_per_replica={GLOBAL_BATCH // 2}", "--epochs=1",
-      "--steps_per_loop=3", "--seed=7", "--noexport", "--augment=flip,crop",
+      "--steps_per_loop=3", "--seed=7", "--noexport", f"--augment={AUGMENT}",
       f"--model_dir={tmp_path / 'mw'}", "--weights_out=w.npz"])
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   summary = json.loads((tmp_path / "mw" / "summary.json").read_text())
@@ -319,20 +336,23 @@ def test_two_workers_skip_the_same_images_and_match_one_replica(images,
     assert os.path.join(bad, name) in out.stdout + out.stderr
   # The chief cached the listing in model_dir.
   assert os.listdir(tmp_path / "mw" / "listings")
-  ref = run_job(_job(bad, tmp_path / "one", augment="flip,crop"))
+  _, ref = one_replica_on_bad
   got = np.load(tmp_path / "mw" / "w.npz")
   for k, want in enumerate(ref.weights):
     np.testing.assert_allclose(got[f"arr_{k}"], want, rtol=1e-5, atol=1e-6)
 
 
 def test_evaluation_is_the_same_on_one_replica_two_replicas_and_two_workers(
-    images, two_steps_on_bad, tmp_path):  # pylint: disable=redefined-outer-name
-  # Evaluation of one checkpoint on the folder with BAD planted: 35 of 38
-  # images decode, in global batches of 8, 8, 8, 8 and a partial 6 (3 and 3
-  # rows on 2 replicas or workers, two of worker 1's dropped as undecodable).
+    images, one_replica_on_bad, tmp_path):  # pylint: disable=redefined-outer-name
+  # Evaluation of one checkpoint (the module's 1-replica run's of step 2) on
+  # the folder with BAD planted: 35 of 38 images decode, in global batches
+  # of 8, 8, 8, 8 and a partial 6 (3 and 3 rows on 2 replicas or workers,
+  # two of worker 1's dropped as undecodable); --mode=eval on 1 and 2
+  # replicas and on 2 workers through the launcher.
   _, bad = images
   good = len(folder.list_images(f"folder:{bad}").paths) - len(BAD)
-  ckpt = str(two_steps_on_bad / "checkpoints" / "ckpt-2")
+  model_dir, _ = one_replica_on_bad
+  ckpt = str(model_dir / "checkpoints" / "ckpt-2")
   ev = dict(mode="eval", checkpoint=ckpt, eval_split="train")
   one = run_job(_job(bad, tmp_path / "one", **ev)).summary
   two = run_job(_job(bad, tmp_path / "two", strategy="mirrored",
