@@ -3,14 +3,17 @@
 In-process tests cover the flag exchange and the local (mirrored) agreement;
 the launcher test runs 2 real workers, preempts them twice (SIGTERM to one
 worker, then to the launcher; the second launch resumes the first's
-checkpoint), trains the last checkpoint on and compares with a run that was
-never interrupted.
+checkpoint and, in between, loses a worker to SIGKILL and restarts: the
+launcher's restart after a lost worker, formerly a launch of its own in
+tests/test_multi_worker.py), trains the last checkpoint on and compares with
+a run that was never interrupted.
 """
 import os
 import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -115,8 +118,21 @@ def test_launcher_exit_code_after_a_preemption(codes, interrupted, want):
   assert all(p.poll() is not None for p in procs)
 
 
-def _launch_and_preempt(model_dir, log, target, after_step):
+RESTART = "launcher: restart 1/1"
+
+
+def _resumed_step(text):
+  """The step the last "Resumed from" line in `text` names, None without."""
+  steps = re.findall(r"Resumed from \S+ at step (\d+)\.", text)
+  return int(steps[-1]) if steps else None
+
+
+def _launch_and_preempt(model_dir, log, target, after_step, lose_worker=False):
   """Starts 2 workers, SIGTERMs `target` once `after_step` is logged.
+
+  `lose_worker`: once `after_step` is logged, SIGKILLs worker 1 instead; the
+  launcher (--max_restarts=1) restarts both from the latest checkpoint, and
+  `target` gets the SIGTERM 2 host calls after the restart's resume step.
 
   Returns:
     (launcher log text, launcher exit code).
@@ -130,12 +146,55 @@ def _launch_and_preempt(model_dir, log, target, after_step):
     assert _wait_for(lambda: log.read_text().splitlines(),
                      f"step {after_step}/", time.monotonic() + 120), (
                          log.read_text()[-3000:])
+    if lose_worker:
+      os.kill(_launched_pid(log, 1), signal.SIGKILL)
+      restarted = lambda: log.read_text().partition(RESTART)[2]
+      deadline = time.monotonic() + 120
+      while (_resumed_step(restarted()) is None and
+             time.monotonic() < deadline):
+        time.sleep(0.2)
+      resumed = _resumed_step(restarted())
+      assert resumed is not None, log.read_text()[-3000:]
+      assert _wait_for(lambda: restarted().splitlines(),
+                       f"step {(resumed // 5 + 2) * 5}/", deadline), (
+                           log.read_text()[-3000:])
     os.kill(proc.pid if target == "launcher" else _launched_pid(log, 1),
             signal.SIGTERM)
     code = proc.wait(120)
   finally:
     _kill([proc])
   return log.read_text(), code
+
+
+def _check_restart(text, resumed_from):
+  """A lost worker (SIGKILL) was reported, the other stopped, and all
+  restarted once, from `resumed_from` or from the checkpoint the chief saved
+  at the step it reached when the launcher stopped it (SIGTERM) after the
+  loss (which one depends on where the chief was at that moment). Returns
+  the restart's part of `text` and its resume step."""
+  before, restart, after = text.partition(RESTART)
+  assert restart and text.count("launcher: restart") == 1, text[-3000:]
+  # The loss is reported and the others stopped before the restart (the
+  # same path ends a launch without --max_restarts with exit 1, as
+  # test_multi_worker's test_launcher_gives_up_after_max_restarts checks
+  # once restarts are used up).
+  reported = "launcher: worker 1 exited with code -9; stopped the others."
+  assert before.count(reported) == 1 and reported not in after, text[-3000:]
+  # The SIGKILLed non-chief could not remove its temporary output
+  # directory; the launcher removes the TMPDIR it gave the workers, of each
+  # attempt.
+  scratch = [line.split()[5] for line in text.splitlines()
+             if line.startswith("launcher: workers' temporary files")]
+  assert len(scratch) == 2 and scratch[0] != scratch[1], scratch
+  for d in scratch:
+    assert d.startswith(tempfile.gettempdir())
+    assert not os.path.exists(d)
+  start = _resumed_step(after)
+  assert start == resumed_from or (
+      start > resumed_from and
+      f"[worker 0] preempted: SIGTERM at step {start}; " in before), (
+          start, text[-3000:])
+  return after, start
 
 
 def _agreed_step(text, model_dir):
@@ -167,7 +226,10 @@ def _agreed_step(text, model_dir):
 
 def test_sigterm_to_a_worker_then_to_the_launcher_resumes_exactly(tmp_path):
   """Preempted twice (worker 1, then the launcher), resumed: the weights of a
-  run never interrupted."""
+  run never interrupted. Between the two preemptions the second launch loses
+  worker 1 (SIGKILL) and restarts once (_check_restart: the launcher
+  restarts after a lost worker, and the restart resumes exactly: its run is
+  part of the one compared with the uninterrupted run)."""
   model_dir = tmp_path / "m"
   text, code = _launch_and_preempt(model_dir, tmp_path / "a.log", "worker",
                                    10)
@@ -177,12 +239,17 @@ def test_sigterm_to_a_worker_then_to_the_launcher_resumes_exactly(tmp_path):
   assert re.search(r"launcher: worker \d exited with 75 \(preempted\)", text)
   assert 10 <= first
 
-  # The same command again resumes; now the launcher gets the SIGTERM.
+  # The same command again resumes; 2 host calls later worker 1 is lost
+  # (SIGKILL) and the launcher restarts both workers from the latest
+  # checkpoint (_check_restart); 2 host calls after that resume, the
+  # launcher gets the SIGTERM.
   text, code = _launch_and_preempt(model_dir, tmp_path / "b.log", "launcher",
-                                   (first // 5 + 2) * 5)
+                                   (first // 5 + 2) * 5, lose_worker=True)
   assert code == engine.ExitCode.PREEMPTED, text[-3000:]
   assert f"Resumed from {model_dir}/checkpoints/ckpt-{first} at step {first}." in text
+  text, restarted = _check_restart(text, first)
   reasons, second = _agreed_step(text, model_dir)
+  assert restarted < second, (restarted, second)
   # Forwarded to both; one may already be in the exchange that its peer's
   # flag makes stop, before its own signal is noted.
   assert "SIGTERM" in reasons.values()
