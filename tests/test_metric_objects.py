@@ -157,7 +157,10 @@ def test_two_outputs_train_as_on_one_replica(tmp_path, one_replica,
 
 def assert_same_run(summary, losses, weights, reference, tol=1e-5,
                     resumed=False):
-  np.testing.assert_allclose(losses, reference.losses, rtol=tol, atol=tol)
+  """`losses` None: the caller checked them (a resumed run has only its
+  own steps')."""
+  if losses is not None:
+    np.testing.assert_allclose(losses, reference.losses, rtol=tol, atol=tol)
   for got, want in zip(weights, reference.weights):
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
   # A metric function's final value is its mean over the last --log_every
@@ -184,8 +187,8 @@ def test_resume_mid_epoch_continues_the_epochs_metric_states(tmp_path,
   np.testing.assert_allclose(
       np.concatenate([first.losses, resumed.losses]), one_replica.losses,
       rtol=1e-5, atol=1e-5)
-  assert_same_run(resumed.summary, one_replica.losses, resumed.weights,
-                  one_replica, resumed=True)
+  assert_same_run(resumed.summary, None, resumed.weights, one_replica,
+                  resumed=True)
   assert resumed.summary["final_click/count"] == 35.0
 
 
