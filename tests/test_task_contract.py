@@ -346,3 +346,37 @@ def test_a_step_that_fails_when_it_runs_is_one_line(tmp_path):
   assert "ImageProjectiveTransformV3" in message and message.endswith(
       "(--jit_compile: XLA cannot compile an op of the model; train without "
       "--jit_compile).") and "\n" not in message, message
+
+
+class _CappedLabels(engine.Task):
+  """A user's `preprocess_batch` with a Python `if` on a tensor's value."""
+
+  def preprocess_batch(self, features, labels, training):
+    if tf.reduce_max(labels) > 1.0:
+      labels = tf.minimum(labels, 1.0)
+    return features, labels
+
+
+def test_a_tasks_preprocessing_is_converted_unless_it_opts_out(tmp_path):
+  """tf.data converts a task's own `preprocess_batch` with AutoGraph, as it
+  converts every map function (the `if` becomes a graph branch); a task
+  that sets `autograph = False` is traced as written (the built-in image
+  task, whose branches are on Python values)."""
+  from engine.core import inputs  # pylint: disable=g-import-not-at-top
+  features, y = _examples()
+  task = _CappedLabels(
+      inputs=lambda split, context: tf.data.Dataset.from_tensor_slices(
+          (features, y)))
+  cfg = config(tmp_path, 1)
+
+  def first_labels():
+    data = inputs.TrainData(task, tf.distribute.InputContext(), cfg.data,
+                            GLOBAL_BATCH, cfg.randomness.seed)
+    return next(iter(data.batches()))[1].numpy()
+
+  assert y.max() > 1.0
+  assert first_labels().max() == 1.0
+  task.autograph = False
+  with pytest.raises(TypeError,
+                     match="symbolic `tf.Tensor` as a Python `bool`"):
+    first_labels()

@@ -123,6 +123,8 @@ class ImageClassification(Task):
       model_dir; None: no cache).
   """
   serving_input_name = "images"
+  # Its preprocessing branches on Python values only (engine/task.py).
+  autograph = False
 
   def __init__(self, config: ImageClassificationConfig, seed: int = 42,
                init_weights: str = "",
