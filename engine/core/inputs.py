@@ -31,6 +31,7 @@ the task marks FILE, in whole batches of global_batch / N rows, so the
 batches depend on the number of workers (resume stays exact for the same
 number).
 """
+import functools
 import re
 from typing import Optional
 
@@ -91,6 +92,30 @@ def steps_per_epoch(num_examples: int, global_batch: int,
   return -(-num_examples // global_batch)
 
 
+def _build_inputs(task: Task, split: str,
+                  context: tf.distribute.InputContext):
+  """The task's examples of `split`, built as the task asks (`_as_written`)."""
+  return _as_written(task, task.build_inputs)(split, context)
+
+
+def _as_written(task: Task, fn):
+  """`fn`, which builds data sets, run with AutoGraph off when the task
+  opts out (`Task.autograph` False): the map functions of every data set
+  built inside (the task's own, the engine's, tf.distribute's) are traced
+  as written, and the process never pays AutoGraph's first use."""
+  if task.autograph:
+    return fn
+  return tf.autograph.experimental.do_not_convert(fn)
+
+
+def _task_as_written(method):
+  """A TrainData or EvalData method that builds data sets, `_as_written`."""
+  @functools.wraps(method)
+  def run(self, *args, **kwargs):
+    return _as_written(self._task, method)(self, *args, **kwargs)  # pylint: disable=protected-access
+  return run
+
+
 class TrainData:
   """The task's training examples and how they become batches.
 
@@ -105,7 +130,7 @@ class TrainData:
   def __init__(self, task: Task, context: tf.distribute.InputContext,
                data: DataConfig, global_batch: int, seed: int):
     self._task = task
-    self._examples = task.build_inputs("train", context)
+    self._examples = _build_inputs(task, "train", context)
     if self._examples is None:
       raise ConfigError(f"task {task.name}: build_inputs('train') returned "
                         "None; a task needs training data.")
@@ -152,6 +177,7 @@ class TrainData:
         _unconverted(epoch))
     return ds.skip(start_step - first_epoch * per_epoch)
 
+  @_task_as_written
   def worker_batches(self, context: tf.distribute.InputContext,
                      start_step: int = 0,
                      with_rows: bool = False) -> tf.data.Dataset:
@@ -238,6 +264,7 @@ class TrainData:
     return np.minimum(left, self._global_batch)
 
   @property
+  @_task_as_written
   def features_spec(self):
     """The model's input spec: the features of a preprocessed batch.
 
@@ -276,6 +303,7 @@ class EvalData:
     self.until_end = self.policy == tf.data.experimental.AutoShardPolicy.FILE
     self.steps_per_pass = -(-self.num_examples // global_batch)
 
+  @_task_as_written
   def worker_batches(self, context: tf.distribute.InputContext,
                      repeat: bool = False) -> tf.data.Dataset:
     """This worker's per-replica batches of one pass (`repeat`: of passes
@@ -310,7 +338,7 @@ class EvalData:
 def eval_inputs(task: Task, context: tf.distribute.InputContext,
                 global_batch: int) -> Optional[EvalData]:
   """The task's evaluation data (`EvalData`), or None when it has none."""
-  examples = task.build_inputs("eval", context)
+  examples = _build_inputs(task, "eval", context)
   if examples is None:
     return None
   return EvalData(task, examples, global_batch)

@@ -73,8 +73,10 @@ def _let_tensorflow_set_its_threshold():
   set took ~50 ms of each run."""
   global _TF_THRESHOLD_SET
   if not _TF_THRESHOLD_SET:
-    for _ in tf.data.Dataset.from_generator(
-        lambda: iter(()), output_signature=tf.TensorSpec([], tf.int32)):
+    # Built without AutoGraph (engine/core/inputs.py's `_as_written`).
+    for _ in tf.autograph.experimental.do_not_convert(
+        tf.data.Dataset.from_generator)(
+            lambda: iter(()), output_signature=tf.TensorSpec([], tf.int32)):
       pass
     _TF_THRESHOLD_SET = True
 
