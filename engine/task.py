@@ -79,12 +79,14 @@ class Task:
   """
   # The exported SavedModel's input name when the features are one tensor.
   serving_input_name = "features"
-  # Whether tf.data converts this task's own `preprocess_batch` and
-  # `augment_batch` with AutoGraph, as it converts every `map` function: a
-  # Python `if` or `for` on a tensor's value becomes a graph branch or loop.
-  # Set it False when they branch on Python values only (the built-in image
-  # task does): they are then traced as written, and the run's start skips
-  # the conversion (benchmarks/RESULTS.md, "Exit at `Done:` and start-up").
+  # Whether tf.data converts this task's own `preprocess_batch`,
+  # `augment_batch` and the `map` functions of its `build_inputs` with
+  # AutoGraph, as it converts every `map` function: a Python `if` or `for`
+  # on a tensor's value becomes a graph branch or loop. Set it False when
+  # they branch on Python values only (the built-in image task does): the
+  # engine then builds all of the task's data sets without AutoGraph, and
+  # the run's start skips it (benchmarks/RESULTS.md, "Exit at `Done:` and
+  # start-up").
   autograph = True
 
   def __init__(self, *, model: Optional[Callable[[], keras.Model]] = None,
