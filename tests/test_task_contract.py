@@ -2,7 +2,8 @@
 outputs as Keras `fit` takes them, embeddings with partial batches on any
 replica count and with every gradient option, any seed in range, and
 randomness inside the model keyed by example (the same on 1, 2, 4 replicas
-and after a resume). tests/test_model_matrix.py runs whole model families.
+and after a resume), and AutoGraph for a task's preprocessing unless it opts
+out. tests/test_model_matrix.py runs whole model families.
 """
 import keras
 import numpy as np
