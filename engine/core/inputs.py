@@ -379,13 +379,13 @@ def _worker_pieces(ds: tf.data.Dataset, context: tf.distribute.InputContext,
 
 def _unconverted(fn, task: Optional[Task] = None):
   """`fn` for tf.data, marked for AutoGraph to leave alone, unless it calls a
-  task's own `preprocess_batch` or `augment_batch` and the task keeps
-  `autograph` (engine/task.py): tf.data then converts it as it converts
-  every map function. The engine's functions need no conversion (no Python
-  branch on a tensor), and AutoGraph's first use in a process costs about
-  half a second of a run's start (benchmarks/RESULTS.md, "Exit at `Done:`
-  and start-up")."""
-  if task is not None and task.autograph and (
+  task's own `preprocess_batch` or `augment_batch`, which tf.data converts
+  as it converts every map function (a task that opts out builds its data
+  sets without AutoGraph: `_as_written`). The engine's functions need no
+  conversion (no Python branch on a tensor), and AutoGraph's first use in a
+  process costs about half a second of a run's start (benchmarks/
+  RESULTS.md, "Exit at `Done:` and start-up")."""
+  if task is not None and (
       type(task).preprocess_batch is not Task.preprocess_batch or
       type(task).augment_batch is not Task.augment_batch):
     return fn
