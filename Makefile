@@ -19,8 +19,8 @@ RUN_FLAGS ?= --model=small_cnn --dataset=synthetic --image_size=32 --cpu_devices
 venv: $(STAMP)
 
 # uv installs: it fetches in parallel and links the 2.4 GB of packages from
-# its cache (~/.cache/uv) instead of unpacking them again, ~20 s where pip
-# takes ~60 s. pip, which the venv has anyway, installs uv; where uv cannot
+# its cache (~/.cache/uv) instead of unpacking them again: ~25 s where pip
+# takes 60-75 s. pip, which the venv has anyway, installs uv; where uv cannot
 # install (an index set only in pip's own configuration, say), pip does.
 # Both compile what they install but not this (editable) project: compileall
 # does, once, so that the many processes of `make test` do not each compile
