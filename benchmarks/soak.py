@@ -7,12 +7,22 @@ summaries and evaluations on, so each of them would show a leak. Every
 `--sample_seconds` it prints, per training process, its threads, resident
 memory (RSS, and its anonymous part), open files, examples/s since the last
 sample and the host call's length (`--steps_per_loop=auto`, the default,
-logs each change). At the end it sends SIGTERM (the run saves a checkpoint
-and exits 75) and judges each process:
+logs each change). RSS is read every READ_SECONDS: a sample's RSS and
+anonymous memory are the medians of the readings since the sample before
+(the RSS read at the sample's moment is printed beside them). At the end
+it sends SIGTERM (the run saves a checkpoint and exits 75) and judges each
+process:
 
   threads  stay within +10 of the count at the second sample (minute 2);
   RSS      grows less than 2% (--rss_growth) from the second sample to the
            end.
+
+Why medians: the engine gives free heap pages back every 10 s
+(engine/host/memory.py) and the heaps touch them again within seconds, so
+RSS moves by 20-35 MiB (3-5%) within a minute on a 2-worker chief
+(benchmarks/RESULTS.md, "Soak"). One reading per minute measured where in
+that swing it fell as much as how the memory grew; the median of a
+minute's readings is its level.
 
 Exit status 0 when every process passes.
 
@@ -24,6 +34,7 @@ import argparse
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,6 +51,7 @@ RSS_GROWTH = 0.02
 _STEP = re.compile(r"\] step (\d+)/\d+ \|")
 _PID = re.compile(r"^launcher: worker (\d+) pid (\d+):")
 _PACE = re.compile(r"host calls of (\d+) steps from step")
+READ_SECONDS = 5.0
 BATCH_PER_REPLICA = 32
 GLOBAL_BATCH = 64
 
@@ -53,7 +65,7 @@ JOB = ["--model=small_cnn", "--image_size=32",
 def judge(samples, thread_slack: int = THREAD_SLACK,
           rss_growth: float = RSS_GROWTH):
   """(passed, reason) for one process's samples [(threads, rss_mib[,
-  anon_mib]), ...].
+  anon_mib[, rss_mib read at the sample's moment]]), ...].
 
   Both are compared with the second sample: the first minute includes
   tracing and the allocator's warm-up, and on a slow host it can end before
@@ -79,6 +91,10 @@ def judge(samples, thread_slack: int = THREAD_SLACK,
     anon1, anon_end = samples[1][2], samples[-1][2]
     reason += (f"; anonymous {anon1:.0f} -> {anon_end:.0f} MiB "
                f"({anon_end / anon1 - 1.0:+.1%})")
+  if len(samples[1]) > 3:
+    now1, now_end = samples[1][3], samples[-1][3]
+    reason += (f"; RSS read at the two samples' moments {now1:.0f} -> "
+               f"{now_end:.0f} MiB ({now_end / now1 - 1.0:+.1%}, not judged)")
   return ok_threads and ok_rss, reason
 
 
@@ -143,27 +159,40 @@ def soak(setup: str, minutes: float, sample_seconds: float, extra, log_dir,
       start = time.monotonic()
       last_step, last_time = 0, start
       print(f"{'min':>5} {'process':>9} {'threads':>8} {'RSS MiB':>9} "
-            f"{'anon MiB':>9} {'files':>6} {'examples/s':>11} "
+            f"{'anon MiB':>9} {'RSS now':>8} {'files':>6} {'examples/s':>11} "
             f"{'steps/call':>10}", flush=True)
       for k in range(1, int(minutes * 60 / sample_seconds) + 1):
-        time.sleep(max(0.0, start + k * sample_seconds - time.monotonic()))
-        if proc.poll() is not None:
-          raise RuntimeError(f"{setup} ended early with {proc.returncode}; "
-                             f"see {log_path}")
+        readings = {n: [] for n in names}
+        while True:  # RSS every READ_SECONDS until this sample's time
+          if proc.poll() is not None:
+            raise RuntimeError(f"{setup} ended early with "
+                               f"{proc.returncode}; see {log_path}")
+          for name in names:
+            pid = (proc.pid if setup == "mirrored" else
+                   out.pids.get(int(name.split()[1])))
+            use = resources.usage(str(pid)) if pid else None
+            if use is None and not (k == 1 and pid is None):
+              raise RuntimeError(f"cannot read {name}'s /proc entry")
+            if use is not None:
+              readings[name].append((use, anonymous_mib(pid)))
+          left = start + k * sample_seconds - time.monotonic()
+          if left <= 0:
+            break
+          time.sleep(min(READ_SECONDS, left))
         now, step = time.monotonic(), out.step
         rate = (step - last_step) * GLOBAL_BATCH / (now - last_time)
         last_step, last_time = step, now
         for name in names:
-          pid = (proc.pid if setup == "mirrored" else
-                 out.pids.get(int(name.split()[1])))
-          use = resources.usage(str(pid)) if pid else None
-          if use is None:
-            raise RuntimeError(f"cannot read {name}'s /proc entry")
-          anon = anonymous_mib(pid)
-          samples[name].append((use.threads, use.rss_mib, anon))
+          if not readings[name]:
+            raise RuntimeError(f"no pid for {name}; see {log_path}")
+          use = readings[name][-1][0]
+          rss = statistics.median(u.rss_mib for u, _ in readings[name])
+          anon = statistics.median(a for _, a in readings[name])
+          samples[name].append((use.threads, rss, anon, use.rss_mib))
           print(f"{k * sample_seconds / 60:5.1f} {name:>9} {use.threads:8d} "
-                f"{use.rss_mib:9.1f} {anon:9.1f} {use.open_files:6d} "
-                f"{rate:11.1f} {out.steps_per_call or '-':>10}", flush=True)
+                f"{rss:9.1f} {anon:9.1f} {use.rss_mib:8.1f} "
+                f"{use.open_files:6d} {rate:11.1f} "
+                f"{out.steps_per_call or '-':>10}", flush=True)
     finally:
       if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)  # saves a checkpoint, exits 75

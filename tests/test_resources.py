@@ -89,6 +89,11 @@ def test_a_resource_near_its_limit_stops_with_a_checkpoint(tmp_path,
     ([(30, 700.0), (31, 800.0), (45, 810.0)], False),   # +15 threads
     ([(30, 700.0), (31, 800.0), (31, 820.0)], False),   # RSS +2.5%
     ([(30, 700.0), (31, 800.0)], False),                # too short
+    # The minutes' medians (second) are judged, not the moment's readings.
+    ([(30, 700.0, 300.0, 690.0), (31, 800.0, 400.0, 780.0),
+      (31, 805.0, 405.0, 830.0)], True),   # +0.6% (+6.4% at the moments)
+    ([(30, 700.0, 300.0, 690.0), (31, 800.0, 400.0, 830.0),
+      (31, 820.0, 420.0, 805.0)], False),  # +2.5% (-3.0% at the moments)
 ])
 def test_soak_judge(samples, passed):
   assert judge(samples)[0] is passed
