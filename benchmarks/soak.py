@@ -19,10 +19,11 @@ process:
 
 Why medians: the engine gives free heap pages back every 10 s
 (engine/host/memory.py) and the heaps touch them again within seconds, so
-RSS moves by 20-35 MiB (3-5%) within a minute on a 2-worker chief
-(benchmarks/RESULTS.md, "Soak"). One reading per minute measured where in
-that swing it fell as much as how the memory grew; the median of a
-minute's readings is its level.
+RSS swings within a minute: a reading at the sample's moment differed
+from its minute's median by up to 14 MiB on 2 workers and 29 MiB on
+mirrored (2-4%; benchmarks/RESULTS.md, "Soak"). One reading per minute
+measured where in that swing it fell as much as how the memory grew; the
+median of a minute's readings is its level.
 
 Exit status 0 when every process passes.
 
