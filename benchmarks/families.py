@@ -332,7 +332,7 @@ def engine_child(family: Family, args):
                  if args.profile_dir else
                  tempfile.mkdtemp(prefix="families_")),
       **family.flags)
-  engine.configure_host(args.cpu_devices)
+  engine.configure_host(config)
   examples, seconds, cpu = engine_timer.task_timing(
       family.task(), config, args.warmup, args.steps)
   return examples / seconds, cpu / examples
