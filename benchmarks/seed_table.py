@@ -187,8 +187,10 @@ def run_mirrored(cells, tmp):
 def cells_child():
   """Runs the --cells spec with --runner (engine or fit) in this process."""
   import engine  # pylint: disable=g-import-not-at-top
-  from engine.host import cpus  # pylint: disable=g-import-not-at-top
+  from engine.host import cpus, memory  # pylint: disable=g-import-not-at-top
   from engine.tasks import image_classification as ic  # pylint: disable=g-import-not-at-top
+  if FLAGS.runner != "fit":  # the engine's default; fit keeps TensorFlow's
+    memory.use_cpu_allocator(engine.HostConfig().cpu_allocator)
   cpus.split_cpu(FLAGS.cpu_devices)
   with open(FLAGS.cells) as f:
     cells = json.load(f)

@@ -36,6 +36,7 @@ GRAD_COMPRESSIONS = ("none", "fp16", "bf16")
 MIXED_PRECISIONS = ("none", "mixed_float16", "mixed_bfloat16")
 _COPY_OPS = ("hierarchical_copy", "reduce_to_one_device")
 MODES = ("train_and_eval", "train", "eval")
+CPU_ALLOCATORS = ("bfc", "tensorflow")
 # --seed: TensorFlow takes a global seed modulo 2**31 - 1, so larger seeds
 # would repeat smaller ones' orders and weights.
 SEED_MAX = 2**31 - 2
@@ -446,6 +447,13 @@ class HostConfig:
       True, "Undo TensorFlow's 128 KiB glibc mmap threshold, under which "
       "every CPU tensor above it is mapped, faulted in and unmapped on each "
       "use; glibc's own 32 MiB maximum instead (engine/host/memory.py).")
+  cpu_allocator: str = option(
+      "bfc", "Where TensorFlow's CPU tensors come from: bfc, one pool that "
+      "reuses its free blocks (memory stays flat over long runs), or "
+      "tensorflow, TensorFlow's own choice (malloc, or its oneDNN "
+      "allocator). Taken before TensorFlow's first op "
+      "(engine/host/memory.py).",
+      choices=CPU_ALLOCATORS)
 
   def __post_init__(self):
     check_options(self)

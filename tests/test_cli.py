@@ -36,6 +36,10 @@ def test_train_writes_summary_and_logs_progress(tmp_path):
   assert summary["num_replicas"] == 2
   assert summary["strategy"] == "mirrored"
   assert summary["cross_device_ops"] == "auto"
+  # The command line chooses the allocator before TensorFlow's first op.
+  assert summary["cpu_allocator"] == "bfc"
+  assert "CPU tensors from TensorFlow's BFC pool (--cpu_allocator=bfc)." in (
+      proc.stderr)
   assert summary["examples_per_sec"] > 0
   assert 0.0 <= summary["final_accuracy"] <= 1.0
   progress = [l for l in proc.stderr.splitlines() if "| loss " in l]

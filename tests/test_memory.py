@@ -47,13 +47,22 @@ print(json.dumps(out))
 """
 
 
+def _tensorflows_allocator():
+  """The environment of a fresh interpreter whose CPU tensors come from
+  malloc: oneDNN off (its own allocator is a pool), and without the BFC
+  choice that this process's engine.configure_host (conftest.py) put in
+  os.environ."""
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_ENABLE_ONEDNN_OPTS="0")
+  return {k: v for k, v in env.items()
+          if k not in (memory.BFC_ENV, memory.BFC_LIMIT_ENV)}
+
+
 @pytest.mark.skipif(memory.glibc() is None, reason="mallopt is glibc's")
 def test_generator_kernel_maps_every_large_tensor_until_tuned():
   out = subprocess.run(
       [sys.executable, "-c", _PROBE, ROOT], capture_output=True, text=True,
       timeout=120, check=False,
-      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
-               TF_ENABLE_ONEDNN_OPTS="0"))  # malloc's allocations (above)
+      env=_tensorflows_allocator())  # malloc's allocations (above)
   assert out.returncode == 0, out.stderr[-3000:]
   faults = json.loads(out.stdout.strip().splitlines()[-1])
   assert faults["tuned"] is True
@@ -63,6 +72,57 @@ def test_generator_kernel_maps_every_large_tensor_until_tuned():
   # Tuned, the block is reused from the heap: the faults left are the ops'
   # small allocations (about 1,000 here).
   assert faults["after_tuning"] < faults["tf"] / 10
+
+
+# Which allocator TensorFlow's CPU devices took, in a fresh interpreter:
+# "first", engine.configure_host before any op (as the command line does);
+# "late", after an op made the devices.
+_ALLOCATOR_PROBE = r"""
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+import engine
+import tensorflow as tf
+from engine.host import memory, resources
+
+late = sys.argv[2] == "late"
+if late:
+  tf.constant(1.0) + 1.0
+engine.configure_host(engine.Config.create(cpu_devices=0 if late else 2))
+# A later call with another choice changes nothing.
+engine.configure_host(engine.Config.create(cpu_allocator="tensorflow"))
+out = {"chosen": memory.cpu_allocator(),
+       "env": os.environ.get(memory.BFC_ENV),
+       "limit_mib": os.environ.get(memory.BFC_LIMIT_ENV),
+       "may_use_mib": int(resources.limits()["rss_mib"])}
+try:
+  with tf.device("CPU:0"):
+    x = tf.ones([1 << 20]) * 2.0  # 4 MiB
+  out["peak_bytes"] = tf.config.experimental.get_memory_info("CPU:0")["peak"]
+except ValueError:  # only a pool that keeps statistics has them
+  out["peak_bytes"] = None
+print(json.dumps(out))
+"""
+
+
+def _allocator_probe(case):
+  out = subprocess.run(
+      [sys.executable, "-c", _ALLOCATOR_PROBE, ROOT, case],
+      capture_output=True, text=True, timeout=120, check=False,
+      env=_tensorflows_allocator())
+  assert out.returncode == 0, out.stderr[-3000:]
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_cpu_tensors_come_from_bfc_when_chosen_before_the_first_op():
+  first = _allocator_probe("first")
+  assert first["chosen"] == "bfc" and first["env"] == "true"
+  # TensorFlow's pool counts the 4 MiB tensor; its limit is what the
+  # process may use, not TensorFlow's fixed 64 GiB.
+  assert first["peak_bytes"] >= 4 << 20
+  assert int(first["limit_mib"]) == first["may_use_mib"]
+  late = _allocator_probe("late")
+  assert late == dict(chosen="tensorflow", env=None, limit_mib=None,
+                      may_use_mib=late["may_use_mib"], peak_bytes=None)
 
 
 def test_training_reports_whether_malloc_was_tuned(tmp_path):

@@ -131,6 +131,7 @@ def check_two_worker_run(out, model_dir, steps, global_batch, entries=(),
   # check.
   assert summary["collectives_per_step"] == packs
   assert summary["malloc_tuned"] is (memory.glibc() is not None)
+  assert summary["cpu_allocator"] == "bfc"  # each worker's command line
   return summary
 
 

@@ -23,6 +23,7 @@ from engine.core.model_building import build_model
 from engine.core.optimizers import create_optimizer
 from engine.core.roles import Setup, exchanges_votes
 from engine.distribute import devices
+from engine.host import memory
 from engine.task import Task
 
 
@@ -126,7 +127,8 @@ def build_state(task: Task, config: Config, setup: Setup) -> State:
 
 
 def _log_plan(task, config, setup, data, total_steps) -> None:
-  """The batch arithmetic in one sentence, the task, oneDNN's state."""
+  """The batch arithmetic in one sentence, the task, oneDNN's state, the
+  CPU allocator."""
   logging.info(
       "Global batch %d on %d worker(s) = %d per worker = %d per replica "
       "(%d replicas, %s, %s); %d examples, %d steps per epoch, %d steps.",
@@ -138,6 +140,13 @@ def _log_plan(task, config, setup, data, total_steps) -> None:
   onednn_state = summary.onednn_state()
   logging.info("oneDNN %s: %s.", "on" if onednn_state["onednn"] else "off",
                onednn_state["onednn_source"])
+  allocator = memory.cpu_allocator()
+  logging.info(
+      "CPU tensors from %s (--cpu_allocator=%s%s).",
+      "TensorFlow's BFC pool" if allocator == "bfc" else
+      "TensorFlow's own allocator", config.host.cpu_allocator,
+      ": TensorFlow had made its devices before engine.configure_host"
+      if allocator != config.host.cpu_allocator == "bfc" else "")
 
 
 def _restore(task, config, setup, model, optimizer, ema, best_state, totals):

@@ -18,6 +18,7 @@ from engine.config import Config
 from engine.core import schedules
 from engine.core.roles import Setup
 from engine.distribute import comm, devices
+from engine.host import memory
 from engine.task import Task
 
 TRAINING_FILE = "summary.json"
@@ -92,6 +93,7 @@ def training(task: Task, config: Config, setup: Setup, state, history,
                            if steady_seconds > 0 else None),
       **run_keys(task, config, setup),
       "malloc_tuned": setup.malloc_tuned,
+      "cpu_allocator": memory.cpu_allocator(),
       **onednn_state(),
       "collectives_per_step": collectives,
       # Layers whose random draws depend on the replica count

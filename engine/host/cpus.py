@@ -8,11 +8,13 @@ import tensorflow as tf
 
 from engine.config import Config
 from engine.errors import flag_error
+from engine.host import memory
 
 
 def configure_host(config: Config) -> None:
-  """Sets up this host for `config`'s run (`engine.configure_host`): splits
-  the CPU into --cpu_devices logical devices and, with
+  """Sets up this host for `config`'s run (`engine.configure_host`): chooses
+  the CPU tensors' allocator (--cpu_allocator), splits the CPU into
+  --cpu_devices logical devices and, with
   --strategy=multi_worker, joins the cluster (TensorFlow configures the
   collectives only before its first op, and a task's Keras metric objects
   or lookup tables run ops when they are made). Call it before TensorFlow
@@ -22,6 +24,7 @@ def configure_host(config: Config) -> None:
     ConfigError: TensorFlow already started with fewer logical CPUs, or the
       cluster cannot be joined.
   """
+  memory.use_cpu_allocator(config.host.cpu_allocator)
   split_cpu(config.distribution.cpu_devices)
   if config.distribution.strategy == "multi_worker":
     from engine.distribute import cluster  # pylint: disable=g-import-not-at-top

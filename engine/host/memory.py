@@ -31,8 +31,22 @@ threshold), and fragmentation made the resident size creep up by about
 free heap pages back to the kernel with `malloc_trim(0)` every
 `TRIM_SECONDS` between host calls: about 4 ms each time, and the resident
 size stays flat.
+
+`use_cpu_allocator` chooses where TensorFlow's CPU tensors come from
+(--cpu_allocator): `bfc`, TensorFlow's best-fit-with-coalescing pool (what
+it uses for GPU memory), or `tensorflow`, TensorFlow's own choice (glibc's
+malloc where oneDNN is off; with oneDNN on, its oneDNN allocator, itself a
+BFC pool for large blocks). With malloc, the large per-step scratch
+tensors (TensorFlow's Conv2D backprop kernels take 10-19 MB each, five per
+step of the soak's small CNN) come from whichever malloc arena the thread
+running the kernel uses; each arena keeps the largest such blocks it has
+held, and more arenas come to hold them as the run goes on: RSS rose 3-5%
+in 30 minutes on a host without oneDNN. BFC serves every tensor from one
+pool that reuses and coalesces its free chunks, so RSS stops at the pool's
+high-water mark (benchmarks/RESULTS.md, "Soak").
 """
 import ctypes
+import os
 import time
 from typing import Optional
 
@@ -48,6 +62,9 @@ M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 32 << 20
 TRIM_THRESHOLD = 2 * MMAP_THRESHOLD  # glibc pairs the two this way
 TRIM_SECONDS = 10.0
+# Read by TensorFlow once per process, when it makes its CPU devices.
+BFC_ENV = "TF_CPU_ALLOCATOR_USE_BFC"
+BFC_LIMIT_ENV = "TF_CPU_BFC_MEM_LIMIT_IN_MB"  # TF's default: 64 GiB
 
 
 def glibc() -> Optional[ctypes.CDLL]:
@@ -110,3 +127,38 @@ class TrimHook(Hook):
     if self._libc is not None and now - self._last >= TRIM_SECONDS:
       self._libc.malloc_trim(0)
       self._last = now
+
+
+_BFC_TAKEN = []  # [True] once use_cpu_allocator chose BFC before TF's devices
+
+
+def use_cpu_allocator(allocator: str) -> None:
+  """Makes TensorFlow's CPU devices allocate from `allocator` (see above).
+
+  TensorFlow reads the choice once, when it makes its devices (its eager
+  context, before the first op); once they are made this changes nothing.
+  `tensorflow` leaves the environment as it is. BFC's limit, unless set, is
+  the memory this process may use (engine/host/resources.py), not
+  TensorFlow's fixed 64 GiB. The variables stay in os.environ: processes
+  this one starts inherit them.
+  """
+  if allocator != "bfc" or _devices_made():
+    return
+  os.environ[BFC_ENV] = "true"
+  if BFC_LIMIT_ENV not in os.environ:
+    from engine.host import resources  # pylint: disable=g-import-not-at-top
+    mib = resources.limits().get("rss_mib")
+    if mib:
+      os.environ[BFC_LIMIT_ENV] = str(int(mib))
+  _BFC_TAKEN[:] = [True]
+
+
+def cpu_allocator() -> str:
+  """The choice that took effect: "bfc" if `use_cpu_allocator` chose it
+  before TensorFlow made its devices, else "tensorflow" (its own)."""
+  return "bfc" if _BFC_TAKEN else "tensorflow"
+
+
+def _devices_made() -> bool:
+  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
+  return bool(getattr(context.context(), "_initialized", False))
