@@ -42,8 +42,8 @@ step of the soak's small CNN) come from whichever malloc arena the thread
 running the kernel uses; each arena keeps the largest such blocks it has
 held, and more arenas come to hold them as the run goes on: RSS rose 3-5%
 in 30 minutes on a host without oneDNN. BFC serves every tensor from one
-pool that reuses and coalesces its free chunks, so RSS stops at the pool's
-high-water mark (benchmarks/RESULTS.md, "Soak").
+pool that reuses and coalesces its free chunks, so the tensors' share of
+RSS stops at the pool's high-water mark (benchmarks/RESULTS.md, "Soak").
 """
 import ctypes
 import os
