@@ -140,13 +140,14 @@ def _log_plan(task, config, setup, data, total_steps) -> None:
   onednn_state = summary.onednn_state()
   logging.info("oneDNN %s: %s.", "on" if onednn_state["onednn"] else "off",
                onednn_state["onednn_source"])
-  allocator = memory.cpu_allocator()
+  bfc = memory.cpu_allocator() == "bfc"
+  too_late = config.host.cpu_allocator == "bfc" and not bfc
   logging.info(
       "CPU tensors from %s (--cpu_allocator=%s%s).",
-      "TensorFlow's BFC pool" if allocator == "bfc" else
-      "TensorFlow's own allocator", config.host.cpu_allocator,
+      "TensorFlow's BFC pool" if bfc else "TensorFlow's own allocator",
+      config.host.cpu_allocator,
       ": TensorFlow had made its devices before engine.configure_host"
-      if allocator != config.host.cpu_allocator == "bfc" else "")
+      if too_late else "")
 
 
 def _restore(task, config, setup, model, optimizer, ema, best_state, totals):
