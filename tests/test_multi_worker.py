@@ -19,6 +19,7 @@ import pytest
 
 import forkserver
 from conftest import ROOT, engine_cmd, run_job, tiny_config
+from engine.core import roles
 from engine.distribute import cluster
 from engine.host import memory
 from engine.errors import ConfigError
@@ -276,6 +277,26 @@ def _launched_pid(log, index):
   return int(next(line.split()[4].rstrip(":")
                   for line in log.read_text().splitlines()
                   if line.startswith(f"launcher: worker {index} pid")))
+
+
+def test_the_next_worker_removes_the_directory_of_a_killed_one(tmp_path):
+  """A non-chief worker writes to tfengine_worker_<its pid>_* in the temp
+  directory and removes it at its end, which a SIGKILL skips (a worker
+  started without engine.launch, whose private TMPDIR would go with it).
+  The next non-chief worker on the host removes those whose process is
+  gone: not a live process's, not a directory named otherwise."""
+  ended = subprocess.Popen(["true"])
+  ended.wait()
+  dead = tmp_path / f"tfengine_worker_{ended.pid}_k1_x9"
+  live = tmp_path / f"tfengine_worker_{os.getpid()}_ab12"
+  others = [tmp_path / "tfengine_worker_ab12", tmp_path / "mine_1_ab12"]
+  for d in (dead, live, *others):
+    (d / "checkpoints").mkdir(parents=True)
+    (d / "checkpoints" / "ckpt-4.index").write_bytes(b"x" * 1024)
+  assert roles.remove_orphans(str(tmp_path)) == [str(dead)]
+  assert sorted(os.listdir(tmp_path)) == sorted(
+      d.name for d in (live, *others))
+  assert roles.remove_orphans(str(tmp_path / "none")) == []
 
 
 def test_lone_worker_gives_up_after_init_timeout(tmp_path):

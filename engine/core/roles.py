@@ -3,10 +3,13 @@
 Only the chief writes model_dir; every other worker writes the same files
 (checkpoints, export) to a private temporary directory, removed at the end,
 so every worker runs the same code (saving is collective-safe) and no two
-processes ever write one file.
+processes ever write one file. The directory is named by the worker's pid:
+one whose process is gone (SIGKILLed, so it could not remove it) is removed
+by the next worker that starts on the host.
 """
 import dataclasses
 import os
+import re
 import shutil
 import tempfile
 
@@ -41,8 +44,7 @@ def set_up(config: Config) -> Setup:
   # After the strategy: on multi_worker no op may run before it exists.
   malloc_tuned = config.host.malloc_tuning and memory.tune_malloc()
   chief = is_chief(strategy)
-  output_dir = config.checkpoints.model_dir if chief else tempfile.mkdtemp(
-      prefix="tfengine_worker_")
+  output_dir = config.checkpoints.model_dir if chief else _worker_dir()
   if not chief:  # also on an error exit (not on SIGKILL)
     ending.at_exit(shutil.rmtree, output_dir, ignore_errors=True)
   check_model_dir(output_dir)
@@ -56,6 +58,49 @@ def set_up(config: Config) -> Setup:
   return Setup(strategy, chief, output_dir, replicas,
                getattr(strategy.extended, "_num_workers", 1), global_batch,
                malloc_tuned)
+
+
+_WORKER_DIR = re.compile(r"tfengine_worker_(\d+)_[a-z0-9_]+")
+
+
+def _worker_dir() -> str:
+  """A non-chief worker's private output directory, after removing those
+  of workers that are gone."""
+  remove_orphans(tempfile.gettempdir())
+  return tempfile.mkdtemp(prefix=f"tfengine_worker_{os.getpid()}_")
+
+
+def remove_orphans(parent: str) -> list:
+  """Removes this user's worker directories in `parent` whose process no
+  longer exists; returns their paths. A directory of a live process, of
+  another user, or of no pid is left alone."""
+  removed = []
+  try:
+    names = os.listdir(parent)
+  except OSError:
+    return removed
+  for name in names:
+    match = _WORKER_DIR.fullmatch(name)
+    path = os.path.join(parent, name)
+    try:
+      if (not match or _alive(int(match.group(1))) or
+          os.stat(path).st_uid != os.getuid()):
+        continue
+    except OSError:  # removed meanwhile
+      continue
+    shutil.rmtree(path, ignore_errors=True)
+    removed.append(path)
+  return removed
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # another user's process
+    return True
+  return True
 
 
 def check_model_dir(path: str, flag: str = "model_dir") -> None:
