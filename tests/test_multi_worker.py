@@ -3,6 +3,7 @@
 Every wait is bounded and every process started here is killed in `finally`.
 Workers never get --cpu_devices: each is one CPU replica, as on real hosts.
 """
+import fcntl
 import json
 import os
 import re
@@ -11,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -279,23 +281,37 @@ def _launched_pid(log, index):
                   if line.startswith(f"launcher: worker {index} pid")))
 
 
-def test_the_next_worker_removes_the_directory_of_a_killed_one(tmp_path):
-  """A non-chief worker writes to tfengine_worker_<its pid>_* in the temp
-  directory and removes it at its end, which a SIGKILL skips (a worker
-  started without engine.launch, whose private TMPDIR would go with it).
-  The next non-chief worker on the host removes those whose process is
-  gone: not a live process's, not a directory named otherwise."""
-  ended = subprocess.Popen(["true"])
-  ended.wait()
-  dead = tmp_path / f"tfengine_worker_{ended.pid}_k1_x9"
-  live = tmp_path / f"tfengine_worker_{os.getpid()}_ab12"
-  others = [tmp_path / "tfengine_worker_ab12", tmp_path / "mine_1_ab12"]
-  for d in (dead, live, *others):
+def test_the_next_worker_removes_the_directory_of_a_killed_one(
+    tmp_path, monkeypatch):
+  """A non-chief worker writes to tfengine_worker_<pid>_* in the temp
+  directory, holds an flock on its .lock while it lives and removes the
+  directory at its end, which a SIGKILL skips (a worker started without
+  engine.launch, whose private TMPDIR would go with it). The kernel lets go
+  of the lock however the process ends: the next worker on the host removes
+  the directories whose lock it can take, and no other."""
+  monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+  mine = roles._worker_dir()  # pylint: disable=protected-access
+  assert os.path.basename(mine).startswith(f"tfengine_worker_{os.getpid()}_")
+  assert os.listdir(mine) == [".lock"]
+  killed, live, making = (tmp_path / f"tfengine_worker_{n}_ab12"
+                          for n in (7, 8, 9))
+  other = tmp_path / "mine_1_ab12"
+  for d in (killed, live, making, other):
     (d / "checkpoints").mkdir(parents=True)
     (d / "checkpoints" / "ckpt-4.index").write_bytes(b"x" * 1024)
-  assert roles.remove_orphans(str(tmp_path)) == [str(dead)]
-  assert sorted(os.listdir(tmp_path)) == sorted(
-      d.name for d in (live, *others))
+  for d in (killed, live, other):
+    (d / ".lock").touch()
+  held = os.open(live / ".lock", os.O_RDONLY)
+  fcntl.flock(held, fcntl.LOCK_EX)
+  try:
+    assert roles.remove_orphans(str(tmp_path)) == [str(killed)]
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        os.path.basename(d) for d in (mine, live, making, other))
+    os.close(roles._held.pop())  # pylint: disable=protected-access
+    assert roles.remove_orphans(str(tmp_path)) == [mine]
+  finally:
+    os.close(held)
+  assert roles.remove_orphans(str(tmp_path)) == [str(live)]
   assert roles.remove_orphans(str(tmp_path / "none")) == []
 
 

@@ -3,11 +3,12 @@
 Only the chief writes model_dir; every other worker writes the same files
 (checkpoints, export) to a private temporary directory, removed at the end,
 so every worker runs the same code (saving is collective-safe) and no two
-processes ever write one file. The directory is named by the worker's pid:
-one whose process is gone (SIGKILLed, so it could not remove it) is removed
-by the next worker that starts on the host.
+processes ever write one file. A worker holds a lock on its directory while
+it lives: one whose process is gone (SIGKILLed, so it could not remove it)
+is removed by the next worker that starts on the host.
 """
 import dataclasses
+import fcntl
 import os
 import re
 import shutil
@@ -60,47 +61,58 @@ def set_up(config: Config) -> Setup:
                malloc_tuned)
 
 
-_WORKER_DIR = re.compile(r"tfengine_worker_(\d+)_[a-z0-9_]+")
+_WORKER_DIR = re.compile(r"tfengine_worker_\d+_[a-z0-9_]+")
+_LOCK = ".lock"
+_held = []  # this process's locks on its own directories, held to its end
 
 
 def _worker_dir() -> str:
-  """A non-chief worker's private output directory, after removing those
-  of workers that are gone."""
+  """A non-chief worker's private output directory, locked while this
+  process lives; first removes those of workers that are gone."""
   remove_orphans(tempfile.gettempdir())
-  return tempfile.mkdtemp(prefix=f"tfengine_worker_{os.getpid()}_")
+  path = tempfile.mkdtemp(prefix=f"tfengine_worker_{os.getpid()}_")
+  # Locked before it takes its name, so a lock file found is always held.
+  lock = os.open(os.path.join(path, _LOCK + ".new"), os.O_CREAT | os.O_RDWR,
+                 0o600)
+  fcntl.flock(lock, fcntl.LOCK_EX)
+  os.rename(os.path.join(path, _LOCK + ".new"), os.path.join(path, _LOCK))
+  _held.append(lock)
+  return path
 
 
 def remove_orphans(parent: str) -> list:
-  """Removes this user's worker directories in `parent` whose process no
-  longer exists; returns their paths. A directory of a live process, of
-  another user, or of no pid is left alone."""
+  """Removes the worker directories in `parent` whose process has ended;
+  returns their paths.
+
+  A worker holds an flock on its directory's lock file while it lives; the
+  kernel releases it when the process ends, however it ends. So a lock that
+  can be taken is a dead worker's, also one of another PID namespace (a
+  container sharing the directory), where the pid in the name would say
+  nothing. A directory without a lock file (being made) is left alone.
+  """
   removed = []
   try:
     names = os.listdir(parent)
   except OSError:
     return removed
   for name in names:
-    match = _WORKER_DIR.fullmatch(name)
     path = os.path.join(parent, name)
-    try:
-      if (not match or _alive(int(match.group(1))) or
-          os.stat(path).st_uid != os.getuid()):
-        continue
-    except OSError:  # removed meanwhile
+    if not _WORKER_DIR.fullmatch(name):
       continue
-    shutil.rmtree(path, ignore_errors=True)
-    removed.append(path)
+    try:
+      lock = os.open(os.path.join(path, _LOCK), os.O_RDONLY)
+    except OSError:  # no lock file yet, or not ours to read
+      continue
+    try:
+      fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # held: its worker lives
+      continue
+    else:
+      shutil.rmtree(path, ignore_errors=True)
+      removed.append(path)
+    finally:
+      os.close(lock)
   return removed
-
-
-def _alive(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:  # another user's process
-    return True
-  return True
 
 
 def check_model_dir(path: str, flag: str = "model_dir") -> None:
