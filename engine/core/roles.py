@@ -61,7 +61,8 @@ def set_up(config: Config) -> Setup:
                malloc_tuned)
 
 
-_WORKER_DIR = re.compile(r"tfengine_worker_\d+_[a-z0-9_]+")
+_PREFIX = "tfengine_worker_"  # then the pid, "_" and mkdtemp's letters
+_WORKER_DIR = re.compile(_PREFIX + r"\d+_[a-z0-9_]+")
 _LOCK = ".lock"
 _held = []  # this process's locks on its own directories, held to its end
 
@@ -70,12 +71,12 @@ def _worker_dir() -> str:
   """A non-chief worker's private output directory, locked while this
   process lives; first removes those of workers that are gone."""
   remove_orphans(tempfile.gettempdir())
-  path = tempfile.mkdtemp(prefix=f"tfengine_worker_{os.getpid()}_")
+  path = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}_")
   # Locked before it takes its name, so a lock file found is always held.
-  lock = os.open(os.path.join(path, _LOCK + ".new"), os.O_CREAT | os.O_RDWR,
-                 0o600)
+  new = os.path.join(path, _LOCK + ".new")
+  lock = os.open(new, os.O_CREAT | os.O_RDWR, 0o600)
   fcntl.flock(lock, fcntl.LOCK_EX)
-  os.rename(os.path.join(path, _LOCK + ".new"), os.path.join(path, _LOCK))
+  os.rename(new, os.path.join(path, _LOCK))
   _held.append(lock)
   return path
 
@@ -96,9 +97,9 @@ def remove_orphans(parent: str) -> list:
   except OSError:
     return removed
   for name in names:
-    path = os.path.join(parent, name)
     if not _WORKER_DIR.fullmatch(name):
       continue
+    path = os.path.join(parent, name)
     try:
       lock = os.open(os.path.join(path, _LOCK), os.O_RDONLY)
     except OSError:  # no lock file yet, or not ours to read
