@@ -125,53 +125,6 @@ def test_cpu_tensors_come_from_bfc_when_chosen_before_the_first_op():
                       may_use_mib=late["may_use_mib"], peak_bytes=None)
 
 
-# Page faults while 200 eager 512x512 products run, tensors from the BFC
-# pool either way, after TensorFlow's 128 KiB mmap threshold: "engine",
-# engine.configure_host first (as the command line); "tensors", only the
-# BFC variable, as the engine set it before Eigen's scratch went to the
-# pool too.
-_SCRATCH_PROBE = r"""
-import json, os, resource, sys
-sys.path.insert(0, sys.argv[1])
-import engine
-import tensorflow as tf
-from engine.host import memory
-
-if sys.argv[2] == "engine":
-  engine.configure_host(engine.Config.create(cpu_devices=0))
-else:
-  os.environ[memory.BFC_ENV] = "true"
-for _ in tf.data.Dataset.from_generator(
-    lambda: iter([1]), output_signature=tf.TensorSpec([], tf.int32)):
-  pass
-a = tf.random.normal([512, 512])
-y = tf.matmul(a, a)  # the first of its size, not counted
-start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(200):
-  y = tf.matmul(a, a)
-print(json.dumps({"faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-                  - start, "pooled": memory.eigen_scratch_pooled()}))
-"""
-
-
-@pytest.mark.skipif(memory.numa_nodes() != 1,
-                    reason="Eigen's scratch is pooled on one NUMA node only")
-def test_eigen_scratch_comes_from_the_pool_on_one_numa_node():
-  def probe(case):
-    out = subprocess.run(
-        [sys.executable, "-c", _SCRATCH_PROBE, ROOT, case],
-        capture_output=True, text=True, timeout=120, check=False,
-        env=_tensorflows_allocator())  # oneDNN off: Eigen's products
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
-  tensors, engine_ = probe("tensors"), probe("engine")
-  assert (tensors["pooled"], engine_["pooled"]) == (False, True)
-  # Eigen's packing blocks (over 128 KiB) from malloc: a fresh mapping per
-  # product, 259 faults each here (51,858 in all); from the pool, ~1 each.
-  assert tensors["faults"] > 200 * 100
-  assert engine_["faults"] < tensors["faults"] / 20
-
-
 def test_training_reports_whether_malloc_was_tuned(tmp_path):
   tuned = run_job(tiny_config(strategy="one_device", train_steps=2,
                                   model_dir=str(tmp_path / "on")))

@@ -144,9 +144,7 @@ def _log_plan(task, config, setup, data, total_steps) -> None:
   too_late = config.host.cpu_allocator == "bfc" and not bfc
   logging.info(
       "CPU tensors from %s (--cpu_allocator=%s%s).",
-      ("TensorFlow's BFC pool" +
-       (", Eigen's scratch blocks too" if memory.eigen_scratch_pooled()
-        else "")) if bfc else "TensorFlow's own allocator",
+      "TensorFlow's BFC pool" if bfc else "TensorFlow's own allocator",
       config.host.cpu_allocator,
       ": TensorFlow had made its devices before engine.configure_host"
       if too_late else "")

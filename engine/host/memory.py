@@ -44,20 +44,6 @@ held, and more arenas come to hold them as the run goes on: RSS rose 3-5%
 in 30 minutes on a host without oneDNN. BFC serves every tensor from one
 pool that reuses and coalesces its free chunks, so the tensors' share of
 RSS stops at the pool's high-water mark (benchmarks/RESULTS.md, "Soak").
-
-Tensors are not the only large blocks. Eigen's matrix products (MatMul,
-Conv2D and its gradients when oneDNN is off) pack their operands into
-scratch blocks of their own, 0.6-1.3 MB each, four per replica and step of
-the soak's small CNN, which TensorFlow asks of Eigen's allocator, i.e.
-malloc, so they still filled the heaps of whichever threads ran them.
-TensorFlow (2.21, common_runtime/local_device.cc) hands Eigen its own CPU
-allocator, the BFC pool when chosen, only under the session option
-`experimental.use_numa_affinity`, which also gives each NUMA node a thread
-pool of its own. On a host with one NUMA node that second effect is nil,
-and `use_cpu_allocator` sets the option there: Eigen's scratch comes from
-the pool too (a 512x512 product faults one page instead of 259,
-tests/test_memory.py). A host with several nodes keeps TensorFlow's
-threads as they are, and Eigen's scratch with malloc.
 """
 import ctypes
 import os
@@ -144,7 +130,6 @@ class TrimHook(Hook):
 
 
 _BFC_TAKEN = []  # [True] once use_cpu_allocator chose BFC before TF's devices
-_SCRATCH_POOLED = []  # [True] once it gave Eigen's scratch to that pool too
 
 
 def use_cpu_allocator(allocator: str) -> None:
@@ -166,39 +151,6 @@ def use_cpu_allocator(allocator: str) -> None:
     if mib:
       os.environ[BFC_LIMIT_ENV] = str(int(mib))
   _BFC_TAKEN[:] = [True]
-  if numa_nodes() == 1:
-    _SCRATCH_POOLED[:] = [_pool_eigen_scratch()]
-
-
-def numa_nodes() -> int:
-  """The host's NUMA nodes as Linux lists them; 0 where it does not."""
-  try:
-    names = os.listdir("/sys/devices/system/node")
-  except OSError:
-    return 0
-  return sum(1 for n in names if n.startswith("node") and n[4:].isdigit())
-
-
-def _pool_eigen_scratch() -> bool:
-  """Sets `experimental.use_numa_affinity` in the session options that
-  TensorFlow's eager context makes its devices with (see above); False
-  where this TensorFlow keeps them elsewhere."""
-  from tensorflow.core.protobuf import config_pb2  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
-  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
-  ctx = context.context()
-  if not hasattr(ctx, "_config"):
-    return False
-  options = config_pb2.ConfigProto()
-  if ctx._config is not None:  # pylint: disable=protected-access
-    options.CopyFrom(ctx._config)  # pylint: disable=protected-access
-  options.experimental.use_numa_affinity = True
-  ctx._config = options  # pylint: disable=protected-access
-  return True
-
-
-def eigen_scratch_pooled() -> bool:
-  """Whether Eigen's scratch blocks come from the BFC pool too (above)."""
-  return bool(_SCRATCH_POOLED and _SCRATCH_POOLED[0])
 
 
 def cpu_allocator() -> str:
