@@ -5,8 +5,11 @@ global batch (engine/core/inputs.py), so the images of a batch are decoded
 here, by the worker that trains on them, and nowhere else. A row whose image
 cannot be decoded (corrupt, truncated, not an image) comes back as zeros
 with `keep` False, for the engine to drop after any augmentation (so every
-other row keeps its place in the batch), named on stderr (`warning: skipped image(s) that cannot be decoded:
-[...]`), and the step's loss is the mean over the rows left: the engine counts the
+other row keeps its place in the batch), named on stderr (`warning: skipped
+image(s) that cannot be decoded: [...]`) the first time its pipeline meets
+it (every epoch and every evaluation pass meets it again, and prefetching
+meets it ahead; summary.json's `skipped_images` counts every skip), and
+the step's loss is the mean over the rows left: the engine counts the
 examples really in a batch, so the drop weighs the same on any number of
 replicas or workers. With `strict`, the first such row is an error instead
 (`STRICT_MARKER` + its name; the engine turns it into one `error:` line).
@@ -16,6 +19,7 @@ on: it shows that N workers each decode 1/N of the images.
 """
 import collections
 import sys
+import threading
 
 import tensorflow as tf
 
@@ -43,6 +47,26 @@ class _Counter:
 
 
 counter = _Counter()
+
+
+class _Named:
+  """The skipped images one pipeline has named: each is named once."""
+
+  def __init__(self):
+    self._lock = threading.Lock()  # tf.data's map calls run in parallel
+    self.seen = set()
+
+  def name_new(self, names: tf.Tensor) -> None:
+    """Prints the names not printed before (a py_function's body)."""
+    with self._lock:
+      new = [n for n in (v.decode("utf-8", "replace") for v in names.numpy())
+             if n not in self.seen]
+      self.seen.update(new)
+    if new:
+      # stderr, not TensorFlow's log, which TF_CPP_MIN_LOG_LEVEL silences.
+      print("warning: skipped image(s) that cannot be decoded: "
+            f"[{', '.join(repr(n) for n in new)}]", file=sys.stderr,
+            flush=True)
 
 
 def decode_rows(items, labels, image_size: int, *, from_files: bool,
@@ -87,11 +111,10 @@ def decode_rows(items, labels, image_size: int, *, from_files: bool,
     check = tf.debugging.Assert(tf.size(lost) == 0, [STRICT_MARKER, names[:1]],
                                 summarize=1)
   else:
+    named = _Named()  # made once per pipeline, when tf.data traces this
     check = tf.cond(
         tf.size(lost) > 0,
-        # stderr, not TensorFlow's log, which TF_CPP_MIN_LOG_LEVEL silences.
-        lambda: tf.print("warning: skipped image(s) that cannot be decoded:",
-                         names, output_stream=sys.stderr, summarize=-1),
+        lambda: tf.py_function(named.name_new, [names], []),
         tf.no_op)
   where = kept[:, None]
   with tf.control_dependencies([check]):

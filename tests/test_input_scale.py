@@ -416,3 +416,19 @@ def test_strict_images_on_two_workers_ends_both_bounded(images, tmp_path):
   assert latest.endswith("ckpt-4")
   assert tf.train.load_variable(
       latest, "optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE") == 4
+
+
+def test_a_skipped_image_is_named_once_however_often_it_is_met(
+    images, tmp_path, capfd):
+  """Three epochs and an evaluation of the same split every 2 steps meet
+  each bad image again and again (prefetching, ahead too): stderr names it
+  once for training and once for evaluation; summary.json counts every
+  skip."""
+  _, bad = images
+  capfd.readouterr()
+  result = run_job(_job(bad, tmp_path, epochs=3, eval_split="train",
+                        eval_every=2))
+  err = capfd.readouterr().err
+  assert result.summary["skipped_images"] == 3 * len(BAD)
+  for name in BAD:
+    assert err.count(os.path.join(bad, name)) == 2, err[-3000:]
