@@ -452,19 +452,33 @@ def _finish(ds: tf.data.Dataset, policy) -> tf.data.Dataset:
   """tf.data options, set once here for training and evaluation.
 
   The auto-shard policy is explicit so MultiWorkerMirroredStrategy neither
-  guesses nor warns. Parallel map calls are AUTOTUNE; the prefetch buffer
-  holds _PREFETCH batches: with AUTOTUNE, tf.data's autotuner grew it on a
-  busy host until the process held about 100 MiB more, once, some 10
-  minutes into a run, and never gave it back (benchmarks/RESULTS.md, the
-  issue-30 soak); two batches let the next step's rows be made while a
-  step runs.
+  guesses nor warns. The prefetch buffer holds _PREFETCH batches: with
+  AUTOTUNE, tf.data's autotuner grew it on a busy host until the process
+  held about 100 MiB more, once, some 10 minutes into a run, and never gave
+  it back (benchmarks/RESULTS.md, the issue-30 soak); two batches let the
+  next step's rows be made while a step runs. `_with_options` says why the
+  autotuner is off.
   """
   return _with_options(ds, policy).prefetch(_PREFETCH)
 
 
 def _with_options(ds: tf.data.Dataset, policy) -> tf.data.Dataset:
+  """The engine's tf.data options, on every pipeline it builds (training
+  and evaluation, the task's own stages included: options are per
+  pipeline).
+
+  tf.data's autotuner is off. With it, the soak's job (small_cnn 32x32 on 2
+  replicas) took more and more of the BFC pool over its first minutes (the
+  pool's peak 64 MiB at 5 s, 90-95 MiB at 2-3.5 minutes; one run with the
+  engine's map calls at a fixed parallelism did the same), memory a process
+  keeps: without it the peak stayed at 64 MiB from second 37 and RSS was
+  25-30 MiB lower, at the same speed (benchmarks/RESULTS.md, "Soak").
+  Without the autotuner an AUTOTUNE map runs one call per core, as tf.data
+  pipelines tuned by hand do.
+  """
   options = tf.data.Options()
   options.deterministic = True
+  options.autotune.enabled = False
   options.experimental_distribute.auto_shard_policy = policy
   return ds.with_options(options)
 
