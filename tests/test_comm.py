@@ -272,3 +272,39 @@ def test_sync_batchnorm_one_and_two_replicas_agree(tmp_path):
 def test_bad_comm_flags(overrides, flag):
   with pytest.raises(ConfigError, match=f"^--{flag}="):
     Config.create(**overrides)
+
+
+def test_the_gradient_all_reduce_keeps_one_instance_key(tmp_path,
+                                                        monkeypatch):
+  """TensorFlow keeps a record of every collective instance key it has seen
+  (about 1.6 KB per host call on 2 replicas, benchmarks/RESULTS.md "Soak"):
+  the gradient all-reduce, whose shapes never change, takes its key when the
+  step is traced (a constant in the graph), so its record is one for the
+  run; every other collective (here synchronized BatchNorm's) still gets a
+  fresh key at every call, and TensorFlow's default is back afterwards."""
+  import engine  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.distribute import cross_device_utils  # pylint: disable=g-import-not-at-top
+  loops = []
+  make = step.make_train_loop
+  monkeypatch.setattr(step, "make_train_loop",
+                      lambda *a, **k: loops.append(make(*a, **k)) or loops[-1])
+  result = engine.run(conv_bn_task(32, (8, 16), strides=2, name="bn"),
+                      Config.create(
+                          sync_batchnorm=True, cpu_devices=2,
+                          batch_size_per_replica=8, optimizer="sgd",
+                          train_steps=3, steps_per_loop=1, export=False,
+                          model_dir=str(tmp_path)))
+  assert len(result.losses) == 3  # three host calls
+  keys = []  # (op name, the op making its instance key)
+  for fn in loops[-1]._list_all_concrete_functions_for_serialization():  # pylint: disable=protected-access
+    graph = fn.graph.as_graph_def()
+    for nodes in [graph.node] + [f.node_def for f in graph.library.function]:
+      ops = {n.name: n.op for n in nodes}
+      keys += [(n.name, ops.get(n.input[3].split(":")[0], "argument"))
+               for n in nodes if n.op == "CollectiveReduceV2"]
+  fixed = [name for name, source in keys if source == "Const"]
+  per_call = [name for name, source in keys if source == "argument"]
+  # One gradient pack per replica; per replica and BatchNorm layer (two),
+  # the moments' all-reduce and, in the backward pass, its gradient's.
+  assert len(fixed) == 2 and len(per_call) == 8, keys
+  assert cross_device_utils.CollectiveReplicaLauncher._prefer_unique_instance_key  # pylint: disable=protected-access

@@ -24,6 +24,7 @@ from engine.config import OptimizationConfig
 from engine.core import batchnorm, metric_states
 from engine.core import objective as objective_lib
 from engine.core.objective import Objective
+from engine.distribute import instance_keys
 from engine.distribute.comm import WIRE_DTYPES
 from engine.distribute.devices import communication_options
 
@@ -208,8 +209,10 @@ def make_replica_step(objective: Objective, model, optimizer, *,
     # With compression the count needs an all-reduce of its own (see
     # _mean_gradients). It depends only on the batch's shape, so it is issued
     # here, before the forward pass, and its latency hides behind the compute.
-    early_count = (ctx.all_reduce(_SUM, local_count, options=options)
-                   if wire_dtype is not None else None)
+    early_count = None
+    if wire_dtype is not None:
+      with instance_keys.fixed():  # one shape in every call
+        early_count = ctx.all_reduce(_SUM, local_count, options=options)
     grads, sums = _accumulate(forward_backward, variables,
                               (features, labels, rows), scale, accum,
                               batch_size_per_replica,
@@ -259,15 +262,19 @@ def _mean_gradients(ctx, grads, local_count, global_count, options,
   after the cast back turns that into the mean over the real examples. The
   count (`global_count`, reduced by the caller) stays float32, exact, in a
   4-byte all-reduce of its own: TF concatenates each pack into one tensor,
-  which needs one dtype.
+  which needs one dtype. Their shapes are the same in every step of every
+  call, so their instance keys are fixed when the step is traced
+  (engine/distribute/instance_keys.py): no record per host call.
   """
   if wire_dtype is None:
-    grads, global_count = ctx.all_reduce(_SUM, (grads, local_count),
-                                         options=options)
+    with instance_keys.fixed():
+      grads, global_count = ctx.all_reduce(_SUM, (grads, local_count),
+                                           options=options)
     inverse = 1.0 / tf.maximum(global_count, 1.0)
     return [g * inverse for g in grads]
   wire = [tf.cast(g * (1.0 / nominal_count), wire_dtype) for g in grads]
-  wire = ctx.all_reduce(_SUM, wire, options=options)
+  with instance_keys.fixed():
+    wire = ctx.all_reduce(_SUM, wire, options=options)
   factor = nominal_count / tf.maximum(global_count, 1.0)
   return [tf.cast(g, tf.float32) * factor for g in wire]
 
