@@ -27,6 +27,7 @@ from tensorflow.python.distribute import cross_device_utils
 _LAUNCHER = cross_device_utils.CollectiveReplicaLauncher
 _LOCK = threading.Lock()
 _depth = 0
+_outside = True  # the setting before the first entry, given back at the last exit
 
 
 @contextlib.contextmanager
@@ -35,10 +36,12 @@ def fixed():
 
   MirroredStrategy traces each replica in a thread of its own and the
   setting is TensorFlow's class attribute, so entries are counted: the
-  default comes back when the last replica leaves.
+  setting found at the first entry comes back when the last replica leaves.
   """
-  global _depth
+  global _depth, _outside
   with _LOCK:
+    if not _depth:
+      _outside = _LAUNCHER._prefer_unique_instance_key  # pylint: disable=protected-access
     _depth += 1
     _LAUNCHER._prefer_unique_instance_key = False  # pylint: disable=protected-access
   try:
@@ -47,4 +50,4 @@ def fixed():
     with _LOCK:
       _depth -= 1
       if not _depth:
-        _LAUNCHER._prefer_unique_instance_key = True  # pylint: disable=protected-access
+        _LAUNCHER._prefer_unique_instance_key = _outside  # pylint: disable=protected-access
