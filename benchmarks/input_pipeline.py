@@ -85,7 +85,8 @@ def child():
       cpu_devices=FLAGS.cpu_devices,
       batch_size_per_replica=FLAGS.batch_size_per_replica,
       train_steps=start + FLAGS.steps, steps_per_loop=10, log_every=1000,
-      model_dir=tempfile.mkdtemp(prefix="tfengine_bench_"), **source)
+      model_dir=tempfile.mkdtemp(prefix="run_", dir=FLAGS.work_dir),
+      **source)  # removed with the work folder by the parent
   engine.run(ic.ImageClassification(image, seed=config.randomness.seed), config,
              hooks=[timer])
   print("RESULT " + json.dumps({"variant": FLAGS.variant,
