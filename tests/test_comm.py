@@ -21,24 +21,31 @@ def max_diff(a, b):
   return max(float(np.abs(x - y).max()) for x, y in zip(a, b))
 
 
+def _dtype(node, ops):
+  del ops
+  return tf.as_dtype(node.attr["T"].type).name
+
+
 def traced_collectives(monkeypatch):
-  """Patches make_train_loop; returns a function listing the collectives'
-  dtypes in the traced loop (every replica's all-reduce is one op)."""
+  """Patches make_train_loop; returns a function listing, sorted, what
+  `describe(node, ops)` says of each collective all-reduce in the traced
+  loop (every replica's all-reduce is one op; `ops` maps the names of the
+  nodes of the node's function to their ops). By default its dtype."""
   loops = []
   make = step.make_train_loop
   monkeypatch.setattr(step, "make_train_loop",
                       lambda *a, **k: loops.append(make(*a, **k)) or loops[-1])
 
-  def dtypes():
+  def listed(describe=_dtype):
     out = []
     for fn in loops[-1]._list_all_concrete_functions_for_serialization():  # pylint: disable=protected-access
       graph = fn.graph.as_graph_def()
-      nodes = list(graph.node) + [
-          n for f in graph.library.function for n in f.node_def]
-      out += [tf.as_dtype(n.attr["T"].type).name for n in nodes
-              if n.op.startswith("CollectiveReduce")]
+      for nodes in [graph.node] + [f.node_def for f in graph.library.function]:
+        ops = {n.name: n.op for n in nodes}
+        out += [describe(n, ops) for n in nodes
+                if n.op.startswith("CollectiveReduce")]
     return sorted(out)
-  return dtypes
+  return listed
 
 
 def accumulation_kw(replicas):
@@ -284,10 +291,7 @@ def test_the_gradient_all_reduce_keeps_one_instance_key(tmp_path,
   fresh key at every call, and TensorFlow's default is back afterwards."""
   import engine  # pylint: disable=g-import-not-at-top
   from tensorflow.python.distribute import cross_device_utils  # pylint: disable=g-import-not-at-top
-  loops = []
-  make = step.make_train_loop
-  monkeypatch.setattr(step, "make_train_loop",
-                      lambda *a, **k: loops.append(make(*a, **k)) or loops[-1])
+  collectives = traced_collectives(monkeypatch)
   result = engine.run(conv_bn_task(32, (8, 16), strides=2, name="bn"),
                       Config.create(
                           sync_batchnorm=True, cpu_devices=2,
@@ -295,16 +299,11 @@ def test_the_gradient_all_reduce_keeps_one_instance_key(tmp_path,
                           train_steps=3, steps_per_loop=1, export=False,
                           model_dir=str(tmp_path)))
   assert len(result.losses) == 3  # three host calls
-  keys = []  # (op name, the op making its instance key)
-  for fn in loops[-1]._list_all_concrete_functions_for_serialization():  # pylint: disable=protected-access
-    graph = fn.graph.as_graph_def()
-    for nodes in [graph.node] + [f.node_def for f in graph.library.function]:
-      ops = {n.name: n.op for n in nodes}
-      keys += [(n.name, ops.get(n.input[3].split(":")[0], "argument"))
-               for n in nodes if n.op == "CollectiveReduceV2"]
-  fixed = [name for name, source in keys if source == "Const"]
-  per_call = [name for name, source in keys if source == "argument"]
+  # What makes each all-reduce's instance key: a constant, or an argument
+  # of its function (the key TensorFlow feeds at every call).
+  sources = collectives(
+      lambda node, ops: ops.get(node.input[3].split(":")[0], "argument"))
   # One gradient pack per replica; per replica and BatchNorm layer (two),
   # the moments' all-reduce and, in the backward pass, its gradient's.
-  assert len(fixed) == 2 and len(per_call) == 8, keys
+  assert sources == ["Const"] * 2 + ["argument"] * 8, sources
   assert cross_device_utils.CollectiveReplicaLauncher._prefer_unique_instance_key  # pylint: disable=protected-access
