@@ -10,7 +10,6 @@ It reads the image task's batches (the same examples the engine trains on).
 `python -m benchmarks.throughput` measures the engine against its baselines
 (benchmarks/baselines.py) the same way, each in a fresh process.
 """
-import tempfile
 import time
 
 from absl import flags
@@ -27,8 +26,9 @@ flags.DEFINE_integer("steps_per_loop", 10, "Engine steps per host call.")
 FLAGS = flags.FLAGS
 
 
-def fields():
-  """The built-in job's flag values for this benchmark."""
+def fields(model_dir: str):
+  """The built-in job's flag values for this benchmark; the run writes
+  into `model_dir` (the caller's, to remove)."""
   return dict(
       model=FLAGS.model, image_size=FLAGS.image_size, strategy="mirrored",
       cpu_devices=FLAGS.cpu_devices, optimizer="adam",
@@ -36,7 +36,7 @@ def fields():
       train_steps=FLAGS.warmup + FLAGS.steps,
       steps_per_loop=FLAGS.steps_per_loop, log_every=1000,
       synthetic_examples=4096,
-      model_dir=tempfile.mkdtemp(prefix="tfengine_bench_"))
+      model_dir=model_dir)
 
 
 def _common(fields):

@@ -245,7 +245,10 @@ def fit_child():
       data_dir=FLAGS.data_dir, synthetic_examples=FLAGS.num_examples or 2048,
       num_classes=FLAGS.num_classes, optimizer="adam",
       batch_size_per_replica=FLAGS.global_batch // len(FLAGS.worker_hosts),
-      train_steps=FLAGS.warmup + FLAGS.steps, model_dir=tempfile.mkdtemp())
+      train_steps=FLAGS.warmup + FLAGS.steps,
+      # Beside the result, in the work folder the parent removes.
+      model_dir=os.path.join(os.path.dirname(FLAGS.fit_result),
+                             f"fit_{FLAGS.task_index}"))
   rate = in_process.run_fit(fields)  # times the steps after --warmup
   cluster.stop_watchdog()  # the last collective is done; peers may exit
   if FLAGS.task_index == 0:  # the chief reports

@@ -49,12 +49,12 @@ def main(argv):
   for r in range(FLAGS.rounds):
     order = list(variants) if r % 2 == 0 else list(variants)[::-1]
     for v in order:
-      fields = dict(
-          in_process.fields(),
-          summary_every=variants[v], export=False,
-          model_dir=tempfile.mkdtemp(prefix="tfengine_bench_summaries_"))
-      before = spent[0]
-      rate = in_process.run_engine(fields)
+      with tempfile.TemporaryDirectory(
+          prefix="tfengine_bench_summaries_") as model_dir:
+        fields = dict(in_process.fields(model_dir),
+                      summary_every=variants[v], export=False)
+        before = spent[0]
+        rate = in_process.run_engine(fields)
       # Approximate window: the timed steps at the measured rate.
       window = FLAGS.steps * fields["batch_size_per_replica"] * (
           FLAGS.cpu_devices) / rate

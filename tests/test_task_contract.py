@@ -28,7 +28,7 @@ def _examples():
   return {"x": x, "tokens": tokens}, y
 
 
-def regression_task(rank1: bool = True, loss=None, dropout: float = 0.0,
+def regression_task(rank1: bool = True, loss=None,
                     name: str = "regression") -> engine.Task:
   """The issue's user script at test size: dict features (floats and token
   ids into an Embedding), L2-regularized Dense layers, a Dense(1) output
@@ -43,8 +43,6 @@ def regression_task(rank1: bool = True, loss=None, dropout: float = 0.0,
     h = keras.layers.Concatenate()([inputs["x"], embedded])
     h = keras.layers.Dense(8, activation="relu",
                            kernel_regularizer=keras.regularizers.L2(1e-3))(h)
-    if dropout:
-      h = keras.layers.Dropout(dropout)(h)
     out = keras.layers.Dense(1)(h)
     return keras.Model(inputs, keras.layers.Reshape(())(out) if rank1
                        else out)
