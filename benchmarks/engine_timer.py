@@ -2,7 +2,18 @@
 hook that counts the examples of the steps after the warm-up, end to end
 (benchmarks.throughput, benchmarks.in_process, benchmarks.families).
 Defines no flags."""
+import atexit
+import shutil
+import tempfile
 import time
+
+
+def scratch_dir(prefix: str) -> str:
+  """A new folder in the temporary directory for a timed run's model_dir,
+  removed when this (variant's) process exits."""
+  path = tempfile.mkdtemp(prefix=prefix)
+  atexit.register(shutil.rmtree, path, ignore_errors=True)
+  return path
 
 
 def engine_rate(fields: dict, warmup: int, steps: int) -> float:

@@ -318,7 +318,6 @@ def engine_child(family: Family, args):
   """(examples/s, CPU seconds per example) of the engine on the family: its
   defaults (steps_per_loop 10, summaries every 10 steps), --jit_compile for
   engine_jit."""
-  import tempfile  # pylint: disable=g-import-not-at-top
   import engine  # pylint: disable=g-import-not-at-top
   from benchmarks import engine_timer  # pylint: disable=g-import-not-at-top
   config = engine.Config.create(
@@ -330,7 +329,7 @@ def engine_child(family: Family, args):
       profile_steps=_profile_steps(args),
       model_dir=(os.path.join(args.profile_dir, args.variant)
                  if args.profile_dir else
-                 tempfile.mkdtemp(prefix="families_")),
+                 engine_timer.scratch_dir("families_")),
       **family.flags)
   engine.configure_host(config)
   examples, seconds, cpu = engine_timer.task_timing(

@@ -17,12 +17,12 @@ leaving a watch, timed in this process).
 """
 import json
 import sys
-import tempfile
 import time
 
 from absl import app
 from absl import flags
 
+from benchmarks import engine_timer
 from benchmarks.variants import best_results
 
 flags.DEFINE_enum("variant", None, ["hang_guard", "per_op_timeout"],
@@ -36,6 +36,7 @@ def child():
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import engine  # pylint: disable=g-import-not-at-top
   from engine.core import step  # pylint: disable=g-import-not-at-top
+  from engine.distribute import devices  # pylint: disable=g-import-not-at-top
   from engine.host import cpus  # pylint: disable=g-import-not-at-top
   from engine.tasks import image_classification as ic  # pylint: disable=g-import-not-at-top
   cpus.split_cpu(2)
@@ -53,7 +54,7 @@ def child():
   config, image = ic.configs(
       model="small_cnn", image_size=32, strategy="mirrored", cpu_devices=2,
       batch_size_per_replica=32, train_steps=FLAGS.steps, log_every=1000,
-      export=False, model_dir=tempfile.mkdtemp(prefix="tfengine_wdcost_"))
+      export=False, model_dir=engine_timer.scratch_dir("tfengine_wdcost_"))
   summary = engine.run(ic.ImageClassification(image, seed=config.randomness.seed),
                        config).summary
   print("RESULT " + json.dumps({

@@ -27,7 +27,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 
 from absl import app
 from absl import flags
@@ -90,7 +89,7 @@ def _fields():
       profile_steps=(timed + 1, timed + FLAGS.steps_per_loop) if profile
       else (),
       model_dir=(os.path.join(FLAGS.profile_dir, "engine") if profile else
-                 tempfile.mkdtemp(prefix="tfengine_bench_")))
+                 engine_timer.scratch_dir("tfengine_bench_")))
 
 
 def run_engine(fields):
