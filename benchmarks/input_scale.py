@@ -182,7 +182,7 @@ def counters(steps: int = 4, global_batch: int = 64):
   """Images decoded per worker per step, each worker's own pipeline
   (TrainData.worker_batches with its InputContext) read alone."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from engine.data import decode, export  # pylint: disable=g-import-not-at-top
+  from engine.data import decode, to_tfds  # pylint: disable=g-import-not-at-top
   from engine.tasks import image_classification as ic  # pylint: disable=g-import-not-at-top
   from engine.config import Config  # pylint: disable=g-import-not-at-top
   work = tempfile.mkdtemp(prefix="tfengine_counters_")
