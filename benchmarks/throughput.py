@@ -179,12 +179,13 @@ def main(argv):
     # (engine/onednn.py).
     from engine import onednn  # pylint: disable=g-import-not-at-top
     from engine.tasks import image_classification as ic  # pylint: disable=g-import-not-at-top
-    config = ic.configs(**_fields())[0]
+    fields = _fields()
+    config = ic.configs(**fields)[0]
     onednn.turn_off_for(config)
     from engine.host import cpus, memory  # pylint: disable=g-import-not-at-top
     memory.use_cpu_allocator(config.host.cpu_allocator)  # as configure_host
     cpus.split_cpu(FLAGS.cpu_devices if FLAGS.strategy == "mirrored" else 0)
-    rate = run_engine(_fields())
+    rate = run_engine(fields)
     from engine.core import summary  # pylint: disable=g-import-not-at-top
     onednn = summary.onednn_state()["onednn"]
     print("RESULT " + json.dumps({"variant": "engine", "rate": rate,
